@@ -1,0 +1,138 @@
+"""Checkpoints: one directory per save, written atomically, never unpickled.
+
+Layout of ``RUN/checkpoints/ckpt-EEE-BBBBBB/`` (E = completed epochs, B = batches done in the next epoch):
+
+- ``config.json``: the resolved run config; ``vocab.tsv``: the vocabulary with counts;
+- ``model.safetensors``: weights (tied matrices stored once);
+- ``trainer.safetensors``: optimiser tensors, the torch RNG state and, mid-epoch in stream mode, the carried LSTM state;
+- ``state.json``: everything else the loop needs to continue exactly where it stopped.
+
+``RUN/checkpoints/latest`` and ``best`` name the newest and the best-validation checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+from training.atomic import atomic_directory, atomic_write_text
+from training.config import Config, config_from_dict
+from training.model import LSTMLM
+from training.vocab import Vocabulary
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or run directory is missing or incomplete; the message names the path."""
+
+
+def checkpoint_name(epochs_done: int, batch: int) -> str:
+    return f"ckpt-{epochs_done:03d}-{batch:06d}"
+
+
+def _split_optimizer_state(state_dict: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Optimiser state -> (JSON-able part, tensors for safetensors)."""
+    tensors, plain = {}, {}
+    for pid, slots in state_dict["state"].items():
+        plain[str(pid)] = {}
+        for name, value in slots.items():
+            if torch.is_tensor(value):
+                tensors[f"optimizer.{pid}.{name}"] = value.detach().contiguous()
+            else:
+                plain[str(pid)][name] = value
+    return {"state": plain, "param_groups": state_dict["param_groups"]}, tensors
+
+
+def _join_optimizer_state(plain: dict, tensors: dict[str, torch.Tensor]) -> dict:
+    state = {int(pid): dict(slots) for pid, slots in plain["state"].items()}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, pid, name = key.split(".", 2)
+            state.setdefault(int(pid), {})[name] = value
+    return {"state": state, "param_groups": plain["param_groups"]}
+
+
+def save_checkpoint(
+    run_dir: Path,
+    name: str,
+    *,
+    model: LSTMLM,
+    optimizer: torch.optim.Optimizer,
+    config: Config,
+    vocab: Vocabulary,
+    state: dict,
+    carried: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Path:
+    """Write the checkpoint, then point ``latest`` at it."""
+    ckpt_root = run_dir / "checkpoints"
+    path = ckpt_root / name
+    optimizer_plain, tensors = _split_optimizer_state(optimizer.state_dict())
+    tensors["rng.torch"] = torch.get_rng_state()
+    if carried is not None:
+        tensors["carried.h"], tensors["carried.c"] = (t.detach().contiguous() for t in carried)
+    with atomic_directory(path) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        vocab.save(tmp / "vocab.tsv")
+        save_model(model, str(tmp / "model.safetensors"))
+        save_file(tensors, str(tmp / "trainer.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({**state, "optimizer": optimizer_plain}, indent=2) + "\n")
+    atomic_write_text(ckpt_root / "latest", name + "\n")
+    return path
+
+
+def mark_best(run_dir: Path, name: str) -> None:
+    atomic_write_text(run_dir / "checkpoints" / "best", name + "\n")
+
+
+def prune_checkpoints(run_dir: Path) -> None:
+    """Keep only the latest and the best checkpoint (and nothing half-written)."""
+    root = run_dir / "checkpoints"
+    keep = {_read_pointer(root, "latest"), _read_pointer(root, "best")}
+    for child in root.iterdir():
+        if child.is_dir() and child.name not in keep:
+            shutil.rmtree(child)
+
+
+def _read_pointer(root: Path, which: str) -> str | None:
+    try:
+        return (root / which).read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
+    """A checkpoint directory, or a run directory whose ``best`` (or ``latest``) checkpoint is meant."""
+    path = Path(path)
+    if (path / "model.safetensors").exists():
+        return path
+    name = _read_pointer(path / "checkpoints", which)
+    if name is None:
+        raise CheckpointError(f"{path}: neither a checkpoint (no model.safetensors) nor a run with a {which} checkpoint")
+    return path / "checkpoints" / name
+
+
+def load_model_for_eval(path: str | Path) -> tuple[Config, Vocabulary, LSTMLM]:
+    ckpt = resolve_checkpoint(path)
+    for required in ("config.json", "vocab.tsv", "model.safetensors"):
+        if not (ckpt / required).exists():
+            raise CheckpointError(f"{ckpt}: missing {required}")
+    config = config_from_dict(json.loads((ckpt / "config.json").read_text()), str(ckpt / "config.json"))
+    vocab = Vocabulary.load(ckpt / "vocab.tsv")
+    model = LSTMLM(len(vocab), config.model, config.head)
+    missing, unexpected = load_model(model, str(ckpt / "model.safetensors"), strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{ckpt}/model.safetensors: does not match the config (missing {missing}, extra {unexpected})")
+    return config, vocab, model
+
+
+def load_training_state(ckpt: Path, optimizer: torch.optim.Optimizer) -> tuple[dict, tuple | None]:
+    """Restore optimiser and RNG in place; return (state.json content, carried LSTM state or None)."""
+    state = json.loads((ckpt / "state.json").read_text())
+    tensors = load_file(str(ckpt / "trainer.safetensors"))
+    optimizer.load_state_dict(_join_optimizer_state(state.pop("optimizer"), tensors))
+    torch.set_rng_state(tensors["rng.torch"])
+    carried = (tensors["carried.h"], tensors["carried.c"]) if "carried.h" in tensors else None
+    return state, carried

@@ -1,0 +1,213 @@
+"""Training configuration: TOML file + ``--set section.key=value`` overrides -> typed, validated dataclasses.
+
+A run is fully described by its resolved config, which is saved with every checkpoint so that ``--resume``,
+``lm-train eval`` and export never need the original TOML file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The shared data sets live beside the checkout: ../shared/data from the project root, unless $LMSERVE_DATA says.
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names the file and key."""
+
+
+@dataclass
+class DataConfig:
+    """Text files (plain or gzipped, one sentence per line) and how they are cut into batches."""
+
+    train: str = ""
+    valid: str = ""
+    test: str = ""
+    lowercase: bool = False
+    # stream: B parallel streams cut in BPTT chunks, state carried (Zaremba et al.);
+    # sentence: independent "<s> ... </s>" sequences from a fresh state, as sentences are scored later.
+    mode: str = "stream"
+    # sentence mode only: training sentences longer than this are skipped (0 = keep all); evaluation keeps all.
+    max_sentence_len: int = 0
+
+
+@dataclass
+class VocabConfig:
+    file: str = ""  # reuse an existing vocabulary file instead of building one from the training text
+    min_count: int = 1
+    max_size: int = 0  # total size including the specials; 0 = no limit
+    unk: str = "<unk>"  # the data's own unknown-word token, if it has one (PTB does)
+
+
+@dataclass
+class ModelConfig:
+    embedding_size: int = 200
+    hidden_size: int = 200
+    layers: int = 2
+    dropout: float = 0.0  # on non-recurrent connections only (Zaremba et al.)
+    tie_embeddings: bool = False
+    projection_size: int = 0  # project the top hidden state to this size before the head (0 = none)
+    init_range: float = 0.1  # every parameter ~ U(-r, r); 0 keeps PyTorch's defaults
+
+
+@dataclass
+class HeadConfig:
+    type: str = "full"
+    cutoffs: list[int] = field(default_factory=list)  # adaptive: ids < cutoffs[0] are the shortlist
+    div_value: float = 4.0  # adaptive: cluster i projects to size // div_value ** (i + 1)
+
+
+@dataclass
+class ObjectiveConfig:
+    type: str = "cross_entropy"
+    selfnorm_alpha: float = 0.0  # weight of the alpha * (log Z)^2 penalty (Devlin et al. 2014)
+    selfnorm_gamma: float = 1.0  # fraction of positions that pay the penalty, rescaled (Andreas et al. 2015)
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "sgd"  # sgd | adagrad | adam
+    lr: float = 1.0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+@dataclass
+class ScheduleConfig:
+    # fixed: lr * decay ** max(0, epoch - start_epoch) after each epoch (Zaremba et al.);
+    # plateau: lr * decay when validation perplexity has not improved by `threshold` for `patience` epochs.
+    type: str = "fixed"
+    decay: float = 1.0
+    start_epoch: int = 0
+    patience: int = 0
+    threshold: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1
+    threads: int = 0  # 0 = PyTorch's default
+    batch_size: int = 20  # streams (stream mode) or sentences (sentence mode)
+    bptt: int = 20
+    eval_batch_size: int = 10
+    epochs: int = 13
+    max_tokens: int = 0  # stop after this many training tokens (0 = no budget)
+    clip_norm: float = 5.0  # 0 = no clipping
+    # sequence_sum: sum of token losses / number of sequences (Zaremba's scale: per-step batch means summed over
+    # BPTT steps); token_mean: per-token mean.
+    loss_reduction: str = "sequence_sum"
+    early_stop_patience: int = 0  # stop after this many epochs without a better validation perplexity (0 = off)
+    log_interval: int = 100  # batches between training-loss records
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {
+    ("data", "mode"): ("stream", "sentence"),
+    ("objective", "type"): ("cross_entropy",),
+    ("optimizer", "name"): ("sgd", "adagrad", "adam"),
+    ("schedule", "type"): ("fixed", "plateau"),
+    ("train", "loss_reduction"): ("sequence_sum", "token_mean"),
+}
+
+
+def parse_override(text: str) -> tuple[list[str], object]:
+    """``a.b=value`` -> (["a", "b"], value); the value is read as TOML and falls back to a bare string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def _check_value(value, hint, where: str):
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_check_value(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {hint} at {where}")
+
+
+def config_from_dict(raw: dict, source: str = "<config>") -> Config:
+    """Build a validated Config; unknown sections or keys and wrong types are errors that name them."""
+    sections = {}
+    section_types = typing.get_type_hints(Config)
+    for name, body in raw.items():
+        if name not in section_types:
+            raise ConfigError(f"{source}: unknown section [{name}] (known: {', '.join(section_types)})")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{source}: [{name}] must be a table of keys")
+        cls = section_types[name]
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for key, value in body.items():
+            if key not in hints:
+                raise ConfigError(f"{source}: unknown key {name}.{key} (known: {', '.join(hints)})")
+            values[key] = _check_value(value, hints[key], f"{source}: {name}.{key}")
+            allowed = _CHOICES.get((name, key))
+            if allowed and values[key] not in allowed:
+                raise ConfigError(f"{source}: {name}.{key} = {value!r}, expected one of {', '.join(allowed)}")
+        sections[name] = cls(**values)
+    return Config(**sections)
+
+
+def expand_data_path(path: str) -> str:
+    """Paths may say ``{data}`` for the shared data folder ($LMSERVE_DATA, default ../shared/data)."""
+    return path.replace("{data}", os.environ.get("LMSERVE_DATA", str(DEFAULT_DATA_DIR)))
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    raw: dict = {}
+    source = str(path) if path else "<defaults>"
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError as e:
+            raise ConfigError(f"{path}: config file not found") from e
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    for text in overrides:
+        keys, value = parse_override(text)
+        if len(keys) != 2:
+            raise ConfigError(f"--set {text!r}: expected section.key=value")
+        raw.setdefault(keys[0], {})[keys[1]] = value
+    return config_from_dict(raw, source)

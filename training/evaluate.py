@@ -1,0 +1,63 @@
+"""Exact perplexity and log Z statistics of a model on a batched corpus."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from training.batching import Batch
+from training.model import LSTMLM
+
+
+@dataclass
+class EvalResult:
+    tokens: int  # predicted positions, </s> included
+    ppl: float
+    ppl_no_oov: float  # positions whose target is <unk> left out
+    oov_targets: int
+    logz_mean: float  # log Z = score - log p of the target: how far the unnormalised score is from normalised
+    logz_std: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def flatten(hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[T, B, D]`` hidden states and the batch's targets -> the ``[N, D]``, ``[N]`` positions that count."""
+    if batch.mask is None:
+        return hidden.reshape(-1, hidden.shape[-1]), batch.targets.reshape(-1)
+    return hidden[batch.mask], batch.targets[batch.mask]
+
+
+@torch.no_grad()
+def evaluate(model: LSTMLM, batcher, unk_id: int) -> EvalResult:
+    was_training = model.training
+    model.eval()
+    nll = nll_oov = logz_sum = logz_sq = 0.0
+    tokens = oov = 0
+    state = None
+    for batch in batcher.batches():
+        hidden, state = model(batch.inputs, state if batcher.carries_state else None)
+        h, targets = flatten(hidden, batch)
+        score, log_norms = model.head.target_terms(h, targets)
+        log_z = log_norms.sum(-1).double()
+        neg_logprob = log_z - score.double()
+        is_oov = targets == unk_id
+        nll += neg_logprob.sum().item()
+        nll_oov += neg_logprob[is_oov].sum().item()
+        logz_sum += log_z.sum().item()
+        logz_sq += log_z.pow(2).sum().item()
+        tokens += len(targets)
+        oov += int(is_oov.sum())
+    model.train(was_training)
+    mean = logz_sum / tokens
+    return EvalResult(
+        tokens=tokens,
+        ppl=math.exp(nll / tokens),
+        ppl_no_oov=math.exp((nll - nll_oov) / max(1, tokens - oov)),
+        oov_targets=oov,
+        logz_mean=mean,
+        logz_std=math.sqrt(max(0.0, logz_sq / tokens - mean * mean)),
+    )

@@ -1,0 +1,57 @@
+"""Adaptive softmax (Grave et al. 2017): frequent words in a head softmax, rare words in clusters behind it.
+
+Ids must be sorted by descending frequency (the vocabulary guarantees it). The head scores the ``cutoffs[0]``
+shortlist words plus one logit per tail cluster; cluster i projects the hidden state down by ``div_value ** (i+1)``
+before its own softmax, so rare words cost little. ``target_terms`` evaluates the head and only the cluster each
+target falls in.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from training.heads.base import Head
+
+
+class AdaptiveSoftmax(Head):
+    def __init__(self, in_dim: int, vocab_size: int, cutoffs: list[int], div_value: float = 4.0):
+        super().__init__()
+        if not cutoffs or list(cutoffs) != sorted(set(cutoffs)) or cutoffs[0] <= 0 or cutoffs[-1] >= vocab_size:
+            raise ValueError(
+                f"head.cutoffs must be increasing ids between 1 and vocab size - 1 ({vocab_size - 1}), got {cutoffs}"
+            )
+        self.vocab_size = vocab_size
+        self.shortlist = cutoffs[0]
+        bounds = [*cutoffs, vocab_size]
+        self.register_buffer("bounds", torch.tensor(bounds), persistent=False)
+        self.head = nn.Linear(in_dim, self.shortlist + len(cutoffs))
+        self.tails = nn.ModuleList()
+        for i in range(len(cutoffs)):
+            size = max(1, int(in_dim // div_value ** (i + 1)))
+            self.tails.append(
+                nn.Sequential(nn.Linear(in_dim, size, bias=False), nn.Linear(size, bounds[i + 1] - bounds[i]))
+            )
+
+    def target_terms(self, hidden, targets):
+        head_logits = self.head(hidden)
+        cluster = torch.bucketize(targets, self.bounds, right=True)  # 0 = shortlist, i = tail cluster i
+        head_index = torch.where(cluster == 0, targets, self.shortlist + cluster - 1)
+        score = head_logits.gather(1, head_index[:, None]).squeeze(1)
+        tail_norm = torch.zeros_like(score)
+        for i, tail in enumerate(self.tails):
+            rows = torch.nonzero(cluster == i + 1).squeeze(1)
+            if rows.numel() == 0:
+                continue
+            logits = tail(hidden[rows])
+            local = (targets[rows] - self.bounds[i])[:, None]
+            score = score.index_add(0, rows, logits.gather(1, local).squeeze(1))
+            tail_norm = tail_norm.index_add(0, rows, torch.logsumexp(logits, dim=-1))
+        return score, torch.stack([torch.logsumexp(head_logits, dim=-1), tail_norm], dim=-1)
+
+    def log_probs(self, hidden):
+        head = torch.log_softmax(self.head(hidden), dim=-1)
+        parts = [head[:, : self.shortlist]]
+        for i, tail in enumerate(self.tails):
+            parts.append(head[:, self.shortlist + i, None] + torch.log_softmax(tail(hidden), dim=-1))
+        return torch.cat(parts, dim=-1)

@@ -1,0 +1,33 @@
+"""What every output layer ("head") answers; see DESIGN.md, "The output layer is the heart of it"."""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+from torch import nn
+
+
+class Head(nn.Module, abc.ABC):
+    """Turns hidden states ``[N, D]`` into word scores over a vocabulary of ``vocab_size`` ids.
+
+    ``target_terms`` is the one method a head must make cheap: the unnormalised score of each target and the log
+    normalisers of the softmaxes on the target's path (one for a flat softmax, head and cluster for adaptive), with
+    ``log p = score - log_norms.sum(-1)``. Training objectives, the self-normalisation penalty, ``target_logprob`` and
+    the log Z statistics are all built on it.
+    """
+
+    vocab_size: int
+
+    @abc.abstractmethod
+    def target_terms(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score ``[N]``, log_norms ``[N, K]``) for the given targets."""
+
+    @abc.abstractmethod
+    def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Exact normalised log-probabilities of the whole vocabulary, ``[N, V]``."""
+
+    def target_logprob(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Exact log-probability of each target, ``[N]``, without the full-vocabulary softmax where the head allows."""
+        score, log_norms = self.target_terms(hidden, targets)
+        return score - log_norms.sum(-1)

@@ -1,0 +1,69 @@
+"""Training objectives: how a head is trained, kept apart from the head itself (DESIGN.md).
+
+An objective maps (head, hidden ``[N, D]``, targets ``[N]``) to a summed loss over the N positions; the trainer
+chooses the reduction. The self-normalisation penalty rides on top of any objective that can produce log Z.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from training.config import ObjectiveConfig
+from training.heads import Head
+
+
+class SelfNormPenalty:
+    """alpha * sum_k (log Z_k)^2 per position (Devlin et al. 2014), pushing every softmax the head computes towards
+    Z = 1 so that the unnormalised score can be used as a log-probability at serving time.
+
+    With gamma < 1 only a random gamma fraction of positions pays it, scaled by 1/gamma so that the expected penalty is
+    unchanged (Andreas et al. 2015's infrequent normalisation); objectives that do not otherwise compute Z then
+    compute it only on those rows.
+    """
+
+    def __init__(self, alpha: float, gamma: float = 1.0):
+        if alpha < 0 or not 0 < gamma <= 1:
+            raise ValueError(f"objective.selfnorm_alpha must be >= 0 and selfnorm_gamma in (0, 1], got {alpha}, {gamma}")
+        self.alpha = alpha
+        self.gamma = gamma
+
+    def rows(self, n: int, device=None) -> torch.Tensor | None:
+        """Positions that pay the penalty this step (None = all)."""
+        if self.gamma >= 1:
+            return None
+        return torch.nonzero(torch.rand(n, device=device) < self.gamma).squeeze(1)
+
+    def __call__(self, log_norms: torch.Tensor) -> torch.Tensor:
+        """Summed penalty over the given rows of log normalisers ``[n, K]``."""
+        return self.alpha / self.gamma * log_norms.pow(2).sum()
+
+
+@dataclass
+class ObjectiveOutput:
+    loss: torch.Tensor  # summed over positions, what the trainer back-propagates after reduction
+    nll: torch.Tensor  # summed exact negative log-likelihood (detached), for the training perplexity
+
+
+class CrossEntropy:
+    """Exact cross-entropy through the head's normalised target log-probabilities."""
+
+    def __init__(self, selfnorm: SelfNormPenalty | None = None):
+        self.selfnorm = selfnorm
+
+    def __call__(self, head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> ObjectiveOutput:
+        score, log_norms = head.target_terms(hidden, targets)
+        nll = (log_norms.sum(-1) - score).sum()
+        loss = nll
+        if self.selfnorm is not None:
+            rows = self.selfnorm.rows(len(targets), hidden.device)
+            loss = loss + self.selfnorm(log_norms if rows is None else log_norms[rows])
+        return ObjectiveOutput(loss, nll.detach())
+
+
+def build_objective(cfg: ObjectiveConfig):
+    selfnorm = SelfNormPenalty(cfg.selfnorm_alpha, cfg.selfnorm_gamma) if cfg.selfnorm_alpha > 0 else None
+    if cfg.type == "cross_entropy":
+        return CrossEntropy(selfnorm)
+    raise ValueError(f"objective.type = {cfg.type!r}, expected cross_entropy")
