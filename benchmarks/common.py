@@ -19,11 +19,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def git_commit() -> str:
     """HEAD, with ``-dirty`` when tracked files differ from it (the figures then come from uncommitted code)."""
+
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     commit = git("rev-parse", "HEAD") or "unknown"
     return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+# Taken when the benchmark starts: the code that ran, even if HEAD moves during a long run.
+COMMIT_AT_START = git_commit()
 
 
 def machine() -> dict:
@@ -52,7 +57,7 @@ def write_result(name: str, metrics: dict, **extra) -> Path:
         "metrics": metrics,
         **extra,
         "command": "python -m " + shlex.join([sys.modules["__main__"].__spec__.name, *sys.argv[1:]]),
-        "commit": git_commit(),
+        "commit": COMMIT_AT_START,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
     }

@@ -1,6 +1,6 @@
 """Zaremba "small" on PTB, stream or sentence mode -> ptb_small_stream.json / ptb_small_sentence.json.
 
-    python -m benchmarks.ptb_small --mode stream --threads 1
+python -m benchmarks.ptb_small --mode stream --threads 1
 """
 
 from __future__ import annotations

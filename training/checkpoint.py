@@ -110,7 +110,9 @@ def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
         return path
     name = _read_pointer(path / "checkpoints", which)
     if name is None:
-        raise CheckpointError(f"{path}: neither a checkpoint (no model.safetensors) nor a run with a {which} checkpoint")
+        raise CheckpointError(
+            f"{path}: neither a checkpoint (no model.safetensors) nor a run with a {which} checkpoint"
+        )
     return path / "checkpoints" / name
 
 
@@ -124,7 +126,9 @@ def load_model_for_eval(path: str | Path) -> tuple[Config, Vocabulary, LSTMLM]:
     model = LSTMLM(len(vocab), config.model, config.head)
     missing, unexpected = load_model(model, str(ckpt / "model.safetensors"), strict=False)
     if missing or unexpected:
-        raise CheckpointError(f"{ckpt}/model.safetensors: does not match the config (missing {missing}, extra {unexpected})")
+        raise CheckpointError(
+            f"{ckpt}/model.safetensors: does not match the config (missing {missing}, extra {unexpected})"
+        )
     return config, vocab, model
 
 

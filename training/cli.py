@@ -64,8 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     fit = sub.add_parser("fit", help="train a model from a TOML config")
     fit.add_argument("config", nargs="?", help="TOML config (see configs/)")
-    fit.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                     help="override a config value (TOML syntax, e.g. --set optimizer.lr=0.5)")
+    fit.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (TOML syntax, e.g. --set optimizer.lr=0.5)",
+    )
     fit.add_argument("--out", help="run directory (default var/runs/CONFIG_NAME)")
     fit.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     fit.set_defaults(func=_fit)

@@ -12,11 +12,11 @@ import csv
 import gzip
 import hashlib
 import json
-import os
 import re
-import tempfile
 import unicodedata
 from pathlib import Path
+
+from training.atomic import atomic_write_bytes
 
 MANIFEST = "MANIFEST.tsv"
 SPLITS = ("train", "valid", "test")
@@ -205,21 +205,6 @@ def _read_book(path: Path, expected_sha256: str) -> tuple[str, str]:
     return text, digest
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Readers never see a half-written file, and a crash leaves the old one intact."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide the corpus from other users
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def prepare_gutenberg(data_dir: Path, out_dir: Path, valid_books: int = 3, test_books: int = 3) -> dict:
     """Build train/valid/test.txt.gz and prepare.json from the books listed in data_dir's manifest.
 
@@ -278,6 +263,8 @@ def prepare_gutenberg(data_dir: Path, out_dir: Path, valid_books: int = 3, test_
     out_dir.mkdir(parents=True, exist_ok=True)
     for split in SPLITS:
         payload = "".join(line + "\n" for line in lines[split]).encode("utf-8")
-        _write_atomic(out_dir / f"{split}.txt.gz", gzip.compress(payload, compresslevel=9, mtime=0))
-    _write_atomic(out_dir / "prepare.json", (json.dumps(info, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+        atomic_write_bytes(out_dir / f"{split}.txt.gz", gzip.compress(payload, compresslevel=9, mtime=0))
+    atomic_write_bytes(
+        out_dir / "prepare.json", (json.dumps(info, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    )
     return info

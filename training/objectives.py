@@ -25,7 +25,9 @@ class SelfNormPenalty:
 
     def __init__(self, alpha: float, gamma: float = 1.0):
         if alpha < 0 or not 0 < gamma <= 1:
-            raise ValueError(f"objective.selfnorm_alpha must be >= 0 and selfnorm_gamma in (0, 1], got {alpha}, {gamma}")
+            raise ValueError(
+                f"objective.selfnorm_alpha must be >= 0 and selfnorm_gamma in (0, 1], got {alpha}, {gamma}"
+            )
         self.alpha = alpha
         self.gamma = gamma
 

@@ -138,15 +138,26 @@ class Trainer:
         for name in ("train", "valid", "test"):
             corpus = getattr(self.data, name)
             if corpus is not None:
-                print(f"{name}: {corpus.path}: {corpus.num_sentences} sentences, {corpus.num_words} words, "
-                      f"OOV rate {100 * corpus.oov_rate:.2f}%", file=sys.stderr)
-                self.log.write("data", split=name, path=corpus.path, sentences=corpus.num_sentences,
-                               words=corpus.num_words, oov_rate=corpus.oov_rate)
+                print(
+                    f"{name}: {corpus.path}: {corpus.num_sentences} sentences, {corpus.num_words} words, "
+                    f"OOV rate {100 * corpus.oov_rate:.2f}%",
+                    file=sys.stderr,
+                )
+                self.log.write(
+                    "data",
+                    split=name,
+                    path=corpus.path,
+                    sentences=corpus.num_sentences,
+                    words=corpus.num_words,
+                    oov_rate=corpus.oov_rate,
+                )
         self.train_batches = make_batcher(cfg, self.data.train, vocab, training=True)
         self.valid_batches = make_batcher(cfg, self.data.valid, vocab, training=False)
         if getattr(self.train_batches, "skipped", 0):
-            print(f"train: skipping {self.train_batches.skipped} sentences longer than "
-                  f"{cfg.data.max_sentence_len} words", file=sys.stderr)
+            print(
+                f"train: skipping {self.train_batches.skipped} sentences longer than {cfg.data.max_sentence_len} words",
+                file=sys.stderr,
+            )
         torch.manual_seed(cfg.train.seed)
         self.model = LSTMLM(len(vocab), cfg.model, cfg.head)
         self.objective = build_objective(cfg.objective)
@@ -171,7 +182,9 @@ class Trainer:
     @classmethod
     def fresh(cls, cfg: Config, run_dir: Path) -> Trainer:
         if (run_dir / "checkpoints").exists():
-            raise CheckpointError(f"{run_dir}: already has checkpoints; pass --resume to continue, or choose another --out")
+            raise CheckpointError(
+                f"{run_dir}: already has checkpoints; pass --resume to continue, or choose another --out"
+            )
         run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -224,8 +237,15 @@ class Trainer:
         state = self.carried
         total = self.train_batches.num_batches(epoch)
         lr = self.optimizer.param_groups[0]["lr"]
-        bar = tqdm(total=total, initial=st["batch"], desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="batch",
-                   mininterval=1.0 if sys.stderr.isatty() else 30.0, dynamic_ncols=True, leave=False)
+        bar = tqdm(
+            total=total,
+            initial=st["batch"],
+            desc=f"epoch {epoch + 1}/{cfg.train.epochs}",
+            unit="batch",
+            mininterval=1.0 if sys.stderr.isatty() else 30.0,
+            dynamic_ncols=True,
+            leave=False,
+        )
         window_nll, window_tokens, window_start = 0.0, 0, time.perf_counter()
         outcome = "done"
         for batch in self.train_batches.batches(epoch, start=st["batch"]):
@@ -254,8 +274,14 @@ class Trainer:
             bar.update()
             if st["batch"] % cfg.train.log_interval == 0 or st["batch"] == total:
                 elapsed = time.perf_counter() - window_start
-                record = dict(epoch=epoch + 1, batch=st["batch"], tokens_seen=st["tokens_seen"], lr=lr,
-                              ppl=math.exp(window_nll / window_tokens), tokens_per_s=window_tokens / elapsed)
+                record = dict(
+                    epoch=epoch + 1,
+                    batch=st["batch"],
+                    tokens_seen=st["tokens_seen"],
+                    lr=lr,
+                    ppl=math.exp(window_nll / window_tokens),
+                    tokens_per_s=window_tokens / elapsed,
+                )
                 self.log.write("train", **record)
                 bar.set_postfix(ppl=f"{record['ppl']:.1f}", tok_s=f"{record['tokens_per_s']:.0f}", lr=f"{lr:.3g}")
                 window_nll, window_tokens, window_start = 0.0, 0, time.perf_counter()
@@ -277,10 +303,20 @@ class Trainer:
         st["batch"] = 0
         st["epoch_nll"], st["epoch_tokens"] = 0.0, 0
         lr = self.optimizer.param_groups[0]["lr"]
-        self.log.write("valid", epoch=st["epochs_done"], tokens_seen=st["tokens_seen"], lr=lr,
-                       train_ppl=train_ppl, tokens_per_s=st["tokens_seen"] / st["train_seconds"], **valid.to_dict())
-        print(f"epoch {st['epochs_done']}: train ppl {train_ppl:.2f}, valid ppl {valid.ppl:.2f}, lr {lr:.4g}, "
-              f"{st['tokens_seen'] / st['train_seconds']:.0f} tokens/s", file=sys.stderr)
+        self.log.write(
+            "valid",
+            epoch=st["epochs_done"],
+            tokens_seen=st["tokens_seen"],
+            lr=lr,
+            train_ppl=train_ppl,
+            tokens_per_s=st["tokens_seen"] / st["train_seconds"],
+            **valid.to_dict(),
+        )
+        print(
+            f"epoch {st['epochs_done']}: train ppl {train_ppl:.2f}, valid ppl {valid.ppl:.2f}, lr {lr:.4g}, "
+            f"{st['tokens_seen'] / st['train_seconds']:.0f} tokens/s",
+            file=sys.stderr,
+        )
         improved = st["best_valid_ppl"] is None or valid.ppl < st["best_valid_ppl"]
         if improved:
             st["best_valid_ppl"] = valid.ppl
@@ -346,5 +382,7 @@ class Trainer:
 
 
 def describe(result: EvalResult, oov_rate: float) -> str:
-    return (f"ppl {result.ppl:.2f} ({result.tokens} tokens), without OOV targets {result.ppl_no_oov:.2f}, "
-            f"OOV rate {100 * oov_rate:.2f}%, log Z mean {result.logz_mean:.3f} std {result.logz_std:.3f}")
+    return (
+        f"ppl {result.ppl:.2f} ({result.tokens} tokens), without OOV targets {result.ppl_no_oov:.2f}, "
+        f"OOV rate {100 * oov_rate:.2f}%, log Z mean {result.logz_mean:.3f} std {result.logz_std:.3f}"
+    )
