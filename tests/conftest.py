@@ -1,0 +1,111 @@
+"""Small corpora the tests generate themselves: sentences from a random bigram chain over a Zipf-ish vocabulary,
+so that a model can learn something in a few seconds and perplexities are meaningful."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_sentences(n: int, seed: int, vocab_size: int = 40, max_len: int = 12) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(vocab_size)]
+    chain_rng = np.random.default_rng(12345)  # the same "language" for every split
+    weights = 1.0 / np.arange(1, vocab_size + 1)
+    transitions = chain_rng.dirichlet(weights * 3, size=vocab_size)
+    sentences = []
+    for _ in range(n):
+        length = int(rng.integers(1, max_len + 1))
+        w = int(rng.choice(vocab_size, p=weights / weights.sum()))
+        tokens = [words[w]]
+        for _ in range(length - 1):
+            w = int(rng.choice(vocab_size, p=transitions[w]))
+            tokens.append(words[w])
+        sentences.append(" ".join(tokens))
+    return sentences
+
+
+def write_corpus(path: Path, sentences: list[str]) -> Path:
+    data = ("\n".join(sentences) + "\n").encode()
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path) -> dict[str, Path]:
+    """train (gzipped), valid and test files; valid/test contain a word the training text never has."""
+    return {
+        "train": write_corpus(tmp_path / "train.txt.gz", make_sentences(300, seed=1)),
+        "valid": write_corpus(tmp_path / "valid.txt", make_sentences(40, seed=2) + ["w1 neverseen w2"]),
+        "test": write_corpus(tmp_path / "test.txt", make_sentences(40, seed=3)),
+    }
+
+
+def tiny_config_text(corpus: dict[str, Path], mode: str = "stream", head: str = "full", **sections) -> str:
+    """A TOML config for a very small, fast model over ``corpus``; ``sections`` add or replace keys."""
+    base = {
+        "data": {
+            "train": str(corpus["train"]),
+            "valid": str(corpus["valid"]),
+            "test": str(corpus["test"]),
+            "mode": mode,
+        },
+        "model": {"embedding_size": 16, "hidden_size": 16, "layers": 2, "dropout": 0.1},
+        "head": {"type": head, **({"cutoffs": [10, 25]} if head == "adaptive" else {})},
+        "optimizer": {"name": "adam", "lr": 0.01},
+        "train": {
+            "batch_size": 8,
+            "bptt": 8,
+            "eval_batch_size": 4,
+            "epochs": 3,
+            "threads": 1,
+            "log_interval": 5,
+            "loss_reduction": "token_mean",
+        },
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    lines = []
+    for name, values in base.items():
+        lines.append(f"[{name}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\") + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+@pytest.fixture
+def write_config(tmp_path, tiny_corpus):
+    """``write_config(mode=..., head=..., section={...})`` -> path of a TOML config over ``tiny_corpus``."""
+    counter = iter(range(1000))
+
+    def write(mode: str = "stream", head: str = "full", **sections) -> Path:
+        path = tmp_path / f"config{next(counter)}.toml"
+        path.write_text(tiny_config_text(tiny_corpus, mode, head, **sections))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The real data sets (../shared/data or $LMSERVE_DATA): integration tests need them and fail loudly without."""
+    path = Path(os.environ.get("LMSERVE_DATA", ROOT.parent / "shared" / "data"))
+    if not (path / "ptb" / "ptb.train.txt.gz").exists():
+        raise FileNotFoundError(f"integration tests need the shared data sets at {path} (set LMSERVE_DATA)")
+    return path

@@ -1,0 +1,77 @@
+from pathlib import Path
+
+import pytest
+
+from training.config import ConfigError, load_config, parse_override
+
+
+def write(tmp_path, text):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_file_and_overrides_combine(tmp_path):
+    path = write(tmp_path, '[data]\ntrain = "a.txt"\nmode = "sentence"\n[model]\nhidden_size = 64\n')
+    cfg = load_config(
+        path,
+        [
+            "model.hidden_size=32",
+            "optimizer.lr=0.5",
+            "head.cutoffs=[100, 1000]",
+            "model.tie_embeddings=true",
+            "data.valid=b.txt",
+        ],
+    )
+    assert cfg.data.mode == "sentence"
+    assert cfg.model.hidden_size == 32
+    assert cfg.optimizer.lr == 0.5
+    assert cfg.head.cutoffs == [100, 1000]
+    assert cfg.model.tie_embeddings is True
+    assert cfg.data.valid == "b.txt"  # not TOML, taken as a bare string
+    assert cfg.model.layers == 2  # default kept
+
+
+def test_int_accepted_where_a_float_is_expected(tmp_path):
+    cfg = load_config(write(tmp_path, "[optimizer]\nlr = 1\n"))
+    assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "message"),
+    [
+        ("[model]\nhiden_size = 3\n", [], "unknown key model.hiden_size"),
+        ("[modle]\n", [], "unknown section [modle]"),
+        ("[model]\nhidden_size = 'big'\n", [], "model.hidden_size: expected an integer"),
+        ("[data]\nmode = 'bptt'\n", [], "data.mode = 'bptt', expected one of stream, sentence"),
+        ("[model]\nlayers = 2\n", ["model.layers=2.5"], "model.layers: expected an integer"),
+        ("[model]\ntie_embeddings = 1\n", [], "expected true or false"),
+        ("[model\n", [], "not valid TOML"),
+    ],
+)
+def test_errors_name_the_file_and_key(tmp_path, text, overrides, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    assert message in str(info.value)
+    if "TOML" not in message:
+        assert str(path) in str(info.value)
+
+
+def test_override_syntax_errors():
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        parse_override("model.hidden_size")
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(None, ["lr=1"])
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_shipped_configs_load():
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+    assert configs
+    for path in configs:
+        load_config(path)

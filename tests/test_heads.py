@@ -1,0 +1,73 @@
+import pytest
+import torch
+
+from training.heads import AdaptiveSoftmax, FullSoftmax
+
+torch.manual_seed(0)
+V, D, N = 60, 12, 50
+
+
+@pytest.fixture(params=["full", "adaptive"])
+def head(request):
+    torch.manual_seed(0)
+    if request.param == "full":
+        return FullSoftmax(D, V)
+    return AdaptiveSoftmax(D, V, cutoffs=[8, 20, 40], div_value=2.0)
+
+
+def test_log_probs_are_normalised_and_target_logprob_matches_them(head):
+    hidden = torch.randn(N, D)
+    targets = torch.randint(0, V, (N,))
+    log_probs = head.log_probs(hidden)
+    assert log_probs.shape == (N, V)
+    torch.testing.assert_close(log_probs.logsumexp(-1), torch.zeros(N), atol=1e-5, rtol=0)
+    torch.testing.assert_close(head.target_logprob(hidden, targets), log_probs.gather(1, targets[:, None]).squeeze(1))
+    score, log_norms = head.target_terms(hidden, targets)
+    torch.testing.assert_close(score - log_norms.sum(-1), head.target_logprob(hidden, targets))
+
+
+def test_adaptive_matches_pytorch_reference_implementation():
+    """Same parameters as torch.nn.AdaptiveLogSoftmaxWithLoss (which has no biases): same distribution."""
+    torch.manual_seed(1)
+    ours = AdaptiveSoftmax(D, V, cutoffs=[8, 20, 40], div_value=2.0)
+    reference = torch.nn.AdaptiveLogSoftmaxWithLoss(D, V, cutoffs=[8, 20, 40], div_value=2.0)
+    with torch.no_grad():
+        ours.head.weight.copy_(reference.head.weight)
+        ours.head.bias.zero_()
+        for mine, theirs in zip(ours.tails, reference.tail, strict=True):
+            mine[0].weight.copy_(theirs[0].weight)
+            mine[1].weight.copy_(theirs[1].weight)
+            mine[1].bias.zero_()
+    hidden = torch.randn(N, D)
+    targets = torch.randint(0, V, (N,))
+    torch.testing.assert_close(ours.log_probs(hidden), reference.log_prob(hidden))
+    torch.testing.assert_close(ours.target_logprob(hidden, targets), reference(hidden, targets).output)
+
+
+def test_adaptive_target_terms_only_touch_the_clusters_of_the_targets():
+    torch.manual_seed(2)
+    head = AdaptiveSoftmax(D, V, cutoffs=[8, 20, 40])
+    called = []
+    for i, tail in enumerate(head.tails):
+        tail.register_forward_hook(lambda *args, i=i: called.append(i))
+    targets = torch.tensor([0, 3, 7, 21, 25])  # shortlist and cluster 2 only
+    score, log_norms = head.target_terms(torch.randn(5, D), targets)
+    assert called == [1]
+    assert log_norms.shape == (5, 2)
+    assert torch.all(log_norms[:3, 1] == 0) and torch.all(log_norms[3:, 1] != 0)
+
+
+def test_adaptive_cutoffs_are_validated():
+    for bad in ([], [20, 8], [0, 8], [8, 60], [8, 8]):
+        with pytest.raises(ValueError, match="head.cutoffs"):
+            AdaptiveSoftmax(D, V, cutoffs=bad)
+    sizes = [tail[0].out_features for tail in AdaptiveSoftmax(64, 1000, [100, 500], div_value=4.0).tails]
+    assert sizes == [16, 4]
+
+
+def test_gradients_flow_through_target_terms(head):
+    hidden = torch.randn(N, D, requires_grad=True)
+    score, log_norms = head.target_terms(hidden, torch.randint(0, V, (N,)))
+    (log_norms.sum() - score.sum()).backward()
+    assert hidden.grad is not None and hidden.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in head.parameters())
