@@ -21,7 +21,7 @@ from safetensors.torch import load_model
 from tqdm import tqdm
 
 from training.atomic import atomic_write_text
-from training.batching import SentenceBatches, StreamBatches
+from training.batching import Batch, SentenceBatches, StreamBatches
 from training.checkpoint import (
     CheckpointError,
     checkpoint_name,
@@ -233,7 +233,6 @@ class Trainer:
         epoch = st["epochs_done"]
         budget = cfg.train.max_tokens
         model.train()
-        carry = self.train_batches.carries_state
         state = self.carried
         total = self.train_batches.num_batches(epoch)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -250,19 +249,8 @@ class Trainer:
         outcome = "done"
         for batch in self.train_batches.batches(epoch, start=st["batch"]):
             t0 = time.perf_counter()
-            hidden, state = model(batch.inputs, state)
-            state = tuple(s.detach() for s in state) if carry else None
-            h, targets = flatten(hidden, batch)
-            out = self.objective(model.head, h, targets)
-            denominator = batch.num_sequences if cfg.train.loss_reduction == "sequence_sum" else len(targets)
-            self.optimizer.zero_grad(set_to_none=True)
-            (out.loss / denominator).backward()
-            if cfg.train.clip_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
-            self.optimizer.step()
+            nll, n, state = self.step(batch, state)
             st["train_seconds"] += time.perf_counter() - t0
-            n = len(targets)
-            nll = out.nll.item()
             if not math.isfinite(nll):
                 raise FloatingPointError(f"training loss is {nll} at epoch {epoch + 1}, batch {st['batch']}")
             st["batch"] += 1
@@ -294,6 +282,21 @@ class Trainer:
         bar.close()
         self.carried = state if outcome == "interrupted" else None
         return outcome
+
+    def step(self, batch: Batch, state):
+        """One optimisation step; returns (summed NLL, predicted tokens, LSTM state to carry or None)."""
+        cfg, model = self.cfg, self.model
+        hidden, state = model(batch.inputs, state)
+        state = tuple(s.detach() for s in state) if self.train_batches.carries_state else None
+        h, targets = flatten(hidden, batch)
+        out = self.objective(model.head, h, targets)
+        denominator = batch.num_sequences if cfg.train.loss_reduction == "sequence_sum" else len(targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        (out.loss / denominator).backward()
+        if cfg.train.clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+        self.optimizer.step()
+        return out.nll.item(), len(targets), state
 
     def _end_epoch(self, budget_spent: bool) -> Path:
         cfg, st = self.cfg, self.state
