@@ -1,4 +1,4 @@
-"""``lm-train``: fit LSTM language models, evaluate checkpoints, prepare corpora."""
+"""lm-train: fit LSTM language models, evaluate checkpoints, prepare corpora."""
 
 from __future__ import annotations
 
