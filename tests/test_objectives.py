@@ -56,3 +56,16 @@ def test_training_with_the_penalty_drives_log_z_to_zero():
             optimizer.step()
         mean_abs_log_z[alpha] = head.linear(hidden).logsumexp(-1).abs().mean().item()
     assert mean_abs_log_z[1.0] < 0.3 and mean_abs_log_z[0.0] > 3.0
+
+
+def test_selfnorm_on_adaptive_softmax_penalises_the_head_and_the_target_cluster():
+    from training.heads import AdaptiveSoftmax
+
+    torch.manual_seed(0)
+    head = AdaptiveSoftmax(8, 30, cutoffs=[5, 15])
+    hidden, targets = torch.randn(20, 8), torch.tensor([0, 1, 7, 20] * 5)
+    plain = CrossEntropy()(head, hidden, targets)
+    penalised = build_objective(ObjectiveConfig(selfnorm_alpha=0.1))(head, hidden, targets)
+    _, log_norms = head.target_terms(hidden, targets)
+    torch.testing.assert_close(penalised.loss - plain.loss, 0.1 * log_norms.pow(2).sum())
+    assert (log_norms[:, 1] != 0).sum() == 10  # only targets 7 and 20 go through a tail cluster
