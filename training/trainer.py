@@ -271,7 +271,12 @@ class Trainer:
                     tokens_per_s=window_tokens / elapsed,
                 )
                 self.log.write("train", **record)
-                bar.set_postfix(ppl=f"{record['ppl']:.1f}", tok_s=f"{record['tokens_per_s']:.0f}", lr=f"{lr:.3g}")
+                bar.set_postfix(
+                    loss=f"{math.log(record['ppl']):.3f}",
+                    ppl=f"{record['ppl']:.1f}",
+                    tok_s=f"{record['tokens_per_s']:.0f}",
+                    lr=f"{lr:.3g}",
+                )
                 window_nll, window_tokens, window_start = 0.0, 0, time.perf_counter()
             if budget and st["tokens_seen"] >= budget:
                 outcome = "budget"
