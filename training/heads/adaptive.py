@@ -39,14 +39,14 @@ class AdaptiveSoftmax(Head):
         head_index = torch.where(cluster == 0, targets, self.shortlist + cluster - 1)
         score = head_logits.gather(1, head_index[:, None]).squeeze(1)
         tail_norm = torch.zeros_like(score)
+        # Branch-free with data-dependent row sets (possibly empty), so that the same code exports to ONNX
+        # (NonZero -> Gather -> MatMul -> ScatterElements); the explicit reshapes keep ranks fixed for the exporter.
         for i, tail in enumerate(self.tails):
-            rows = torch.nonzero(cluster == i + 1).squeeze(1)
-            if rows.numel() == 0:
-                continue
-            logits = tail(hidden[rows])
-            local = (targets[rows] - self.bounds[i])[:, None]
-            score = score.index_add(0, rows, logits.gather(1, local).squeeze(1))
-            tail_norm = tail_norm.index_add(0, rows, torch.logsumexp(logits, dim=-1))
+            rows = torch.nonzero(cluster == i + 1).reshape(-1)
+            logits = tail(hidden.index_select(0, rows))
+            local = (targets.index_select(0, rows) - self.bounds[i]).reshape(-1, 1)
+            score = score + torch.zeros_like(score).scatter(0, rows, logits.gather(1, local).reshape(-1))
+            tail_norm = tail_norm + torch.zeros_like(score).scatter(0, rows, logits.logsumexp(-1).reshape(-1))
         return score, torch.stack([torch.logsumexp(head_logits, dim=-1), tail_norm], dim=-1)
 
     def log_probs(self, hidden):
