@@ -26,6 +26,17 @@ def test_log_probs_are_normalised_and_target_logprob_matches_them(head):
     torch.testing.assert_close(score - log_norms.sum(-1), head.target_logprob(hidden, targets))
 
 
+def test_unnormalised_scores_agree_with_target_terms(head):
+    hidden = torch.randn(N, D)
+    targets = torch.randint(0, V, (N,))
+    score, _ = head.target_terms(hidden, targets)
+    scores = head.scores(hidden)
+    torch.testing.assert_close(head.target_score(hidden, targets), score)
+    torch.testing.assert_close(scores.gather(1, targets[:, None]).squeeze(1), score)
+    if isinstance(head, FullSoftmax):  # one softmax: normalising the scores gives the distribution
+        torch.testing.assert_close(scores.log_softmax(-1), head.log_probs(hidden))
+
+
 def test_adaptive_matches_pytorch_reference_implementation():
     """Same parameters as torch.nn.AdaptiveLogSoftmaxWithLoss (which has no biases): same distribution."""
     torch.manual_seed(1)

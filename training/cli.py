@@ -50,6 +50,24 @@ def _eval(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    import torch
+
+    from training.export import export_bundle
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    manifest = export_bundle(args.checkpoint, args.out, heldout=args.heldout, quantize=args.quantize)
+    held = manifest["heldout"]
+    print(
+        f"wrote {args.out}: {manifest['head']} head, {manifest['normalisation']} scores, held-out ppl "
+        f"{held['ppl']:.2f} (bundle scores: {held['score_ppl']:.2f}), log Z mean {held['logz_mean']:.3f} "
+        f"std {held['logz_std']:.3f}, max |ONNX - PyTorch| {held['max_abs_diff']:.1e}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _prepare_gutenberg(args) -> int:
     from training.gutenberg import prepare_gutenberg
 
@@ -82,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, help="streams or sentences per batch (default: the run's)")
     ev.add_argument("--threads", type=int, default=0)
     ev.set_defaults(func=_eval)
+
+    ex = sub.add_parser("export", help="checkpoint -> model bundle (ONNX graphs + vocabulary + manifest)")
+    ex.add_argument("--checkpoint", required=True, help="checkpoint directory, or a run directory (its best one)")
+    ex.add_argument("--out", required=True, help="bundle directory to write (replaced atomically)")
+    ex.add_argument("--heldout", help="text for the manifest's perplexity and log Z figures (default: the run's valid)")
+    ex.add_argument("--quantize", choices=("int8",), help="int8 dynamic quantisation of the graphs")
+    ex.add_argument("--threads", type=int, default=0)
+    ex.set_defaults(func=_export)
 
     prep = sub.add_parser("prepare-gutenberg", help="Project Gutenberg books -> LibriSpeech-style train/valid/test")
     prep.add_argument("--data", default="../shared/data/gutenberg", help="folder with pg*.txt.gz and MANIFEST.tsv")

@@ -6,6 +6,7 @@ Sentences are kept as one flat int32 array plus offsets, so a 5M-token corpus co
 from __future__ import annotations
 
 import gzip
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,3 +90,14 @@ def encode_file(path: str | Path, vocab: Vocabulary, lowercase: bool = False) ->
         raise CorpusError(f"{path}: no lines")
     array = np.asarray(ids, dtype=np.int32)
     return EncodedCorpus(str(path), array, np.asarray(offsets, dtype=np.int64), int((array == unk).sum()))
+
+
+def file_fingerprint(path: str | Path) -> dict:
+    """What a model was trained on, so that a bundle can say so: path, size and sha256 of the file."""
+    digest = hashlib.sha256()
+    size = 0
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return {"path": str(path), "bytes": size, "sha256": digest.hexdigest()}

@@ -32,7 +32,7 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.config import Config, config_from_dict, expand_data_path
-from training.corpus import EncodedCorpus, encode_file, read_sentences
+from training.corpus import EncodedCorpus, encode_file, file_fingerprint, read_sentences
 from training.curves import MetricsLog, plot_curves
 from training.evaluate import EvalResult, evaluate, flatten
 from training.model import LSTMLM
@@ -174,6 +174,7 @@ class Trainer:
             "best_valid_ppl": None,
             "bad_epochs": 0,
             "finished": None,
+            "data_fingerprint": [file_fingerprint(self.data.train.path)],
         }
         self.carried = None  # stream mode: LSTM state carried into the next batch after an interruption
         n_params = sum(p.numel() for p in self.model.parameters())

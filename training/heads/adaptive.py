@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.heads.base import Head
+from training.heads.base import Head, rowwise_dot
 
 
 class AdaptiveSoftmax(Head):
@@ -54,4 +54,25 @@ class AdaptiveSoftmax(Head):
         parts = [head[:, : self.shortlist]]
         for i, tail in enumerate(self.tails):
             parts.append(head[:, self.shortlist + i, None] + torch.log_softmax(tail(hidden), dim=-1))
+        return torch.cat(parts, dim=-1)
+
+    def target_score(self, hidden, targets):
+        cluster = torch.bucketize(targets, self.bounds, right=True)
+        head_index = torch.where(cluster == 0, targets, self.shortlist + cluster - 1)
+        score = rowwise_dot(self.head.weight.index_select(0, head_index), hidden) + self.head.bias.index_select(
+            0, head_index
+        )
+        for i, (project, out) in enumerate(self.tails):
+            rows = torch.nonzero(cluster == i + 1).reshape(-1)
+            local = targets.index_select(0, rows) - self.bounds[i]
+            projected = project(hidden.index_select(0, rows))
+            tail = rowwise_dot(out.weight.index_select(0, local), projected) + out.bias.index_select(0, local)
+            score = score + torch.zeros_like(score).scatter(0, rows, tail.reshape(-1))
+        return score
+
+    def scores(self, hidden):
+        head = self.head(hidden)
+        parts = [head[:, : self.shortlist]]
+        for i, tail in enumerate(self.tails):
+            parts.append(head[:, self.shortlist + i, None] + tail(hidden))
         return torch.cat(parts, dim=-1)

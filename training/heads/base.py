@@ -8,6 +8,12 @@ import torch
 from torch import nn
 
 
+def rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(a * b).sum(-1)`` for ``[N, D]`` rows, as a batched matmul: ONNX Runtime's ReduceSum mis-shapes an empty
+    (N = 0) input, which an adaptive cluster with no targets in the batch produces."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).reshape(-1)
+
+
 class Head(nn.Module, abc.ABC):
     """Turns hidden states ``[N, D]`` into word scores over a vocabulary of ``vocab_size`` ids.
 
@@ -15,6 +21,9 @@ class Head(nn.Module, abc.ABC):
     normalisers of the softmaxes on the target's path (one for a flat softmax, head and cluster for adaptive), with
     ``log p = score - log_norms.sum(-1)``. Training objectives, the self-normalisation penalty, ``target_logprob`` and
     the log Z statistics are all built on it.
+
+    A self-normalised model is served with the unnormalised scores alone: ``target_score`` (a few dot products per
+    target, no normaliser) and ``scores`` (the whole vocabulary), both consistent with ``target_terms``.
     """
 
     vocab_size: int
@@ -26,6 +35,14 @@ class Head(nn.Module, abc.ABC):
     @abc.abstractmethod
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Exact normalised log-probabilities of the whole vocabulary, ``[N, V]``."""
+
+    @abc.abstractmethod
+    def target_score(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The unnormalised score of each target, ``[N]``, at a cost independent of the vocabulary size."""
+
+    @abc.abstractmethod
+    def scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Unnormalised scores of the whole vocabulary, ``[N, V]`` (``target_score`` is their gather)."""
 
     def target_logprob(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Exact log-probability of each target, ``[N]``, without the full-vocabulary softmax where the head allows."""

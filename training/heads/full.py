@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.heads.base import Head
+from training.heads.base import Head, rowwise_dot
 
 
 class FullSoftmax(Head):
@@ -30,3 +30,11 @@ class FullSoftmax(Head):
 
     def log_probs(self, hidden):
         return torch.log_softmax(self.linear(hidden), dim=-1)
+
+    def target_score(self, hidden, targets):
+        return rowwise_dot(self.linear.weight.index_select(0, targets), hidden) + self.linear.bias.index_select(
+            0, targets
+        )
+
+    def scores(self, hidden):
+        return self.linear(hidden)

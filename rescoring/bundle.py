@@ -1,0 +1,175 @@
+"""The model bundle: the one contract between training (``lm-train export`` writes it) and serving (this module
+reads and validates it). Format version 1, documented here once.
+
+A bundle is a directory::
+
+    manifest.json      what the model is and how to use it (below)
+    vocab.tsv          "#lmserve-vocab v1", then "token<TAB>count" per id; ids 0, 1, 2 are <unk>, <s>, </s>
+    sentences.onnx     whole sentences -> per-token scores
+    step.onnx          one step for decoders -> scores of K candidate next words
+    step_full.onnx     one step for decoders -> scores of the whole vocabulary
+
+Graphs (float32 scores in natural log; dynamic batch B, length T, candidates K; L layers, state size H):
+
+- ``sentences``: ``input_ids`` int64 [B, T] (``<s> w1 .. wn`` padded with any id), ``target_ids`` int64 [B, T]
+  (``w1 .. wn </s>`` padded), ``lengths`` int64 [B] (n + 1) -> ``logprobs`` [B, T], 0 at padded positions.
+  Every sentence starts from a zero state: sentences are scored independently.
+- ``step``: ``prev_ids`` int64 [B], ``h``, ``c`` float32 [L, B, H], ``candidates`` int64 [B, K] -> ``logprobs``
+  [B, K], ``h_out``, ``c_out`` [L, B, H]. The state goes in *before* ``prev_ids`` is read and comes out after it;
+  the scores are for the word that follows ``prev_ids``. A sentence starts with a zero state and ``prev_ids = <s>``.
+- ``step_full``: as ``step`` without ``candidates``; ``logprobs`` is [B, V].
+
+The scores of all three graphs are the same function: summing ``step`` scores word by word (then ``</s>``) gives the
+``sentences`` score. ``normalisation`` says what that function is: ``exact`` — true log-probabilities; or
+``self-normalised`` — the head's unnormalised scores (one dot product per word), trained with a log Z penalty so that
+they approximate log-probabilities, with the error measured on held-out text in ``heldout.logz_mean``/``logz_std``.
+
+``manifest.json`` fields:
+
+==================  =============================================================================================
+format              "lmserve-bundle"
+format_version      1
+created             ISO 8601 time of export
+head                output layer: "full", "adaptive", ...
+normalisation       "exact" or "self-normalised" (above)
+vocab               {"file", "size", "unk", "bos", "eos"}
+text                how text becomes tokens: {"tokenizer": "whitespace", "lowercase": bool}
+model               {"layers", "hidden_size", "embedding_size", "projection_size"}
+graphs              {"sentences", "step", "step_full"}: file names
+opset               ONNX opset of the graphs
+quantization        null, or "int8-dynamic" (weights int8, activations quantised on the fly)
+heldout             measured at export on held-out text, sentence by sentence: {"file", "sentences", "tokens",
+                    "oov_rate", "ppl", "ppl_no_oov" (exact, PyTorch fp32), "score_ppl" (exp of minus the mean
+                    score of the exported sentences graph: equals ppl for exact fp32 bundles), "logz_mean",
+                    "logz_std", "max_abs_diff" (largest |ONNX - PyTorch| per-token score difference)}
+training            {"checkpoint", "config" (the run's resolved config), "data": [{"path", "bytes", "sha256"}]}
+files               {file name: sha256} for every other file of the bundle
+==================  =============================================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+FORMAT = "lmserve-bundle"
+FORMAT_VERSION = 1
+VOCAB_HEADER = "#lmserve-vocab v1"
+GRAPHS = ("sentences", "step", "step_full")
+NORMALISATIONS = ("exact", "self-normalised")
+REQUIRED = {
+    "format": str,
+    "format_version": int,
+    "head": str,
+    "normalisation": str,
+    "vocab": dict,
+    "text": dict,
+    "model": dict,
+    "graphs": dict,
+    "heldout": dict,
+    "files": dict,
+}
+
+
+class BundleError(ValueError):
+    """A bundle is missing, damaged or does not match its manifest; the message names the file and field."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_vocab(path: Path) -> list[str]:
+    """Tokens by id from a ``vocab.tsv`` (the counts are for training and sampling, not for scoring)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines or lines[0] != VOCAB_HEADER:
+        raise BundleError(f"{path}:1: expected the header {VOCAB_HEADER!r}")
+    tokens = []
+    for lineno, line in enumerate(lines[1:], 2):
+        token, sep, count = line.partition("\t")
+        if not sep or not token or not count.isdigit():
+            raise BundleError(f"{path}:{lineno}: expected 'token<TAB>count'")
+        tokens.append(token)
+    if len(set(tokens)) != len(tokens):
+        raise BundleError(f"{path}: a token appears twice")
+    return tokens
+
+
+@dataclass
+class Bundle:
+    path: Path
+    manifest: dict
+    tokens: list[str]
+
+    @property
+    def normalised(self) -> bool:
+        """True when the scores are exact log-probabilities, False when they are self-normalised."""
+        return self.manifest["normalisation"] == "exact"
+
+    def graph_path(self, name: str) -> Path:
+        return self.path / self.manifest["graphs"][name]
+
+    @classmethod
+    def load(cls, path: str | Path, verify_checksums: bool = True) -> Bundle:
+        path = Path(path)
+        manifest_path = path / "manifest.json"
+        if not manifest_path.is_file():
+            raise BundleError(f"{path}: not a model bundle (no manifest.json)")
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise BundleError(f"{manifest_path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from e
+        validate_manifest(manifest, manifest_path)
+        for name, digest in manifest["files"].items():
+            file = path / name
+            if not file.is_file():
+                raise BundleError(f"{file}: missing (listed in manifest.json 'files')")
+            if verify_checksums and sha256_file(file) != digest:
+                raise BundleError(f"{file}: sha256 does not match manifest.json 'files' (damaged or replaced)")
+        tokens = read_vocab(path / manifest["vocab"]["file"])
+        vocab = manifest["vocab"]
+        if len(tokens) != vocab["size"]:
+            raise BundleError(
+                f"{path / vocab['file']}: {len(tokens)} tokens, manifest.json vocab.size says {vocab['size']}"
+            )
+        if tokens[:3] != [vocab["unk"], vocab["bos"], vocab["eos"]]:
+            raise BundleError(
+                f"{path / vocab['file']}: ids 0-2 are {tokens[:3]}, manifest.json vocab says "
+                f"{[vocab['unk'], vocab['bos'], vocab['eos']]}"
+            )
+        return cls(path, manifest, tokens)
+
+
+def validate_manifest(manifest: dict, where: Path | str) -> None:
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{where}: expected a JSON object")
+    if manifest.get("format") != FORMAT:
+        raise BundleError(f"{where}: field 'format' is {manifest.get('format')!r}, expected {FORMAT!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise BundleError(
+            f"{where}: format_version {manifest.get('format_version')!r} is not supported "
+            f"(this lmserve reads version {FORMAT_VERSION})"
+        )
+    for field, kind in REQUIRED.items():
+        if not isinstance(manifest.get(field), kind):
+            raise BundleError(f"{where}: field {field!r} must be a {kind.__name__}, got {manifest.get(field)!r}")
+    if manifest["normalisation"] not in NORMALISATIONS:
+        raise BundleError(
+            f"{where}: field 'normalisation' is {manifest['normalisation']!r}, "
+            f"expected one of {', '.join(NORMALISATIONS)}"
+        )
+    for field in ("file", "size", "unk", "bos", "eos"):
+        if field not in manifest["vocab"]:
+            raise BundleError(f"{where}: field 'vocab.{field}' is missing")
+    for graph in GRAPHS:
+        name = manifest["graphs"].get(graph)
+        if name not in manifest["files"]:
+            raise BundleError(f"{where}: graphs.{graph} = {name!r} is not listed in 'files'")
+    if manifest["vocab"]["file"] not in manifest["files"]:
+        raise BundleError(f"{where}: vocab.file {manifest['vocab']['file']!r} is not listed in 'files'")

@@ -1,0 +1,155 @@
+"""lm-train export: every head exports, ONNX Runtime matches PyTorch, the bundle validates on load."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from rescoring.bundle import Bundle, BundleError
+from training.checkpoint import load_model_for_eval
+from training.cli import main
+from training.export import SentencesGraph, StepGraph
+
+HEADS = [("full", 0.0), ("adaptive", 0.0), ("full", 0.5), ("adaptive", 0.5)]
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """One trained-for-one-epoch run and bundle per head x normalisation, built once for the module."""
+    from conftest import make_sentences, tiny_config_text, write_corpus
+
+    root = tmp_path_factory.mktemp("export")
+    corpus = {
+        name: write_corpus(root / f"{name}.txt", make_sentences(n, seed=s))
+        for name, n, s in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
+    }
+    made = {}
+    for head, alpha in HEADS:
+        name = f"{head}-{alpha}"
+        config = root / f"{name}.toml"
+        config.write_text(
+            tiny_config_text(corpus, "sentence", head, train={"epochs": 1}, objective={"selfnorm_alpha": alpha})
+        )
+        assert main(["fit", str(config), "--out", str(root / name)]) == 0
+        assert main(["export", "--checkpoint", str(root / name), "--out", str(root / f"{name}.bundle")]) == 0
+        made[(head, alpha)] = (root / name, root / f"{name}.bundle")
+    return made
+
+
+def session(bundle: Bundle, graph: str) -> ort.InferenceSession:
+    return ort.InferenceSession(str(bundle.graph_path(graph)), providers=["CPUExecutionProvider"])
+
+
+def batch(sentences: list[list[int]], bos=1, eos=2):
+    steps = max(len(s) for s in sentences) + 1
+    inputs = np.full((len(sentences), steps), eos, dtype=np.int64)
+    targets = np.full((len(sentences), steps), eos, dtype=np.int64)
+    for b, s in enumerate(sentences):
+        inputs[b, : len(s) + 1] = [bos, *s]
+        targets[b, : len(s) + 1] = [*s, eos]
+    return inputs, targets, np.array([len(s) + 1 for s in sentences], dtype=np.int64)
+
+
+SENTENCES = [[5, 9, 3, 14], [7], [], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32]]
+
+
+@pytest.mark.parametrize(("head", "alpha"), HEADS)
+def test_every_head_exports_and_matches_pytorch(bundles, head, alpha):
+    run, path = bundles[(head, alpha)]
+    bundle = Bundle.load(path)
+    assert bundle.manifest["head"] == head
+    assert bundle.normalised is (alpha == 0)
+    held = bundle.manifest["heldout"]
+    assert held["max_abs_diff"] <= 1e-4
+    if alpha == 0:
+        assert held["score_ppl"] == pytest.approx(held["ppl"], rel=1e-4)
+    _, _, model = load_model_for_eval(run)
+    model.eval()
+    inputs, targets, lengths = batch(SENTENCES)
+    got = session(bundle, "sentences").run(None, {"input_ids": inputs, "target_ids": targets, "lengths": lengths})[0]
+    with torch.no_grad():
+        want = SentencesGraph(model, alpha > 0)(*map(torch.from_numpy, (inputs, targets, lengths))).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert np.all(got[2, 1:] == 0) and np.all(got[1, 2:] == 0)  # padding scores nothing
+
+    layers, hidden = bundle.manifest["model"]["layers"], bundle.manifest["model"]["hidden_size"]
+    h = np.random.default_rng(0).normal(size=(layers, 3, hidden)).astype(np.float32)
+    c = np.random.default_rng(1).normal(size=(layers, 3, hidden)).astype(np.float32)
+    prev = np.array([1, 5, 9], dtype=np.int64)
+    candidates = np.array([[3, 4], [2, 40], [0, 11]], dtype=np.int64)
+    step = session(bundle, "step").run(None, {"prev_ids": prev, "h": h, "c": c, "candidates": candidates})
+    full = session(bundle, "step_full").run(None, {"prev_ids": prev, "h": h, "c": c})
+    with torch.no_grad():
+        t = [torch.from_numpy(x) for x in (prev, h, c, candidates)]
+        want_step = StepGraph(model, alpha > 0, full=False)(*t)
+        want_full = StepGraph(model, alpha > 0, full=True)(*t[:3])
+    for a, b in zip(step + full, [*want_step, *want_full], strict=True):
+        np.testing.assert_allclose(a, b.numpy(), atol=1e-4, rtol=0)
+    assert full[0].shape == (3, bundle.manifest["vocab"]["size"])
+    np.testing.assert_allclose(np.take_along_axis(full[0], candidates, 1), step[0], atol=1e-5)
+    if alpha == 0:
+        np.testing.assert_allclose(np.logaddexp.reduce(full[0], axis=1), 0, atol=1e-4)  # a distribution
+
+
+@pytest.mark.parametrize(("head", "alpha"), [("adaptive", 0.0), ("full", 0.5)])
+def test_step_scores_summed_word_by_word_equal_the_sentence_score(bundles, head, alpha):
+    bundle = Bundle.load(bundles[(head, alpha)][1])
+    words = SENTENCES[0]
+    step = session(bundle, "step")
+    shape = (bundle.manifest["model"]["layers"], 1, bundle.manifest["model"]["hidden_size"])
+    h = c = np.zeros(shape, dtype=np.float32)
+    total, prev = 0.0, 1
+    for word in [*words, 2]:
+        scores, h, c = step.run(None, {"prev_ids": np.array([prev]), "h": h, "c": c, "candidates": np.array([[word]])})
+        total += float(scores[0, 0])
+        prev = word
+    inputs, targets, lengths = batch([words])
+    sentence = session(bundle, "sentences").run(None, {"input_ids": inputs, "target_ids": targets, "lengths": lengths})[
+        0
+    ]
+    assert total == pytest.approx(float(sentence.sum()), abs=1e-4)
+
+
+def test_int8_export_quantises_and_stays_close(bundles, tmp_path):
+    run, _ = bundles[("full", 0.0)]
+    assert main(["export", "--checkpoint", str(run), "--out", str(tmp_path / "int8"), "--quantize", "int8"]) == 0
+    int8 = Bundle.load(tmp_path / "int8")
+    assert int8.manifest["quantization"] == "int8-dynamic"
+    ops = {node.op_type for node in onnx.load(int8.graph_path("sentences")).graph.node}
+    assert {"DynamicQuantizeLSTM", "DynamicQuantizeLinear"} <= ops  # the LSTM and the output layer run in int8
+    held = int8.manifest["heldout"]
+    assert held["score_ppl"] == pytest.approx(held["ppl"], rel=0.05)
+
+
+def test_bundle_validation_names_what_is_wrong(bundles, tmp_path):
+    good = bundles[("full", 0.0)][1]
+
+    def damaged(change) -> str:
+        path = tmp_path / f"b{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(good, path)
+        change(path)
+        with pytest.raises(BundleError) as info:
+            Bundle.load(path)
+        return str(info.value)
+
+    def edit_manifest(**fields):
+        def change(path):
+            manifest = json.loads((path / "manifest.json").read_text())
+            manifest.update(fields)
+            (path / "manifest.json").write_text(json.dumps(manifest))
+
+        return change
+
+    assert "step.onnx: missing" in damaged(lambda p: (p / "step.onnx").unlink())
+    assert "sha256 does not match" in damaged(
+        lambda p: (p / "vocab.tsv").write_text((p / "vocab.tsv").read_text() + "extra\t1\n")
+    )
+    assert "format_version 2 is not supported" in damaged(edit_manifest(format_version=2))
+    assert "'normalisation' is 'approximate'" in damaged(edit_manifest(normalisation="approximate"))
+    assert "vocab.size says 99" in damaged(edit_manifest(vocab={**Bundle.load(good).manifest["vocab"], "size": 99}))
+    assert "not valid JSON" in damaged(lambda p: (p / "manifest.json").write_text("{"))
+    assert "not a model bundle" in damaged(lambda p: (p / "manifest.json").unlink())

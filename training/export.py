@@ -1,0 +1,231 @@
+"""``lm-train export``: a checkpoint becomes a model bundle (ONNX graphs, vocabulary, manifest).
+
+The bundle format is documented once, in ``rescoring/bundle.py``, which reads and validates it; this module writes
+it. Export checks its own work: the exported sentences graph is run with ONNX Runtime on held-out text and compared
+with PyTorch token by token, and the manifest records the difference together with the held-out perplexity and the
+log Z statistics that say how far self-normalised scores are from log-probabilities.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.atomic import atomic_directory
+from training.batching import SentenceBatches
+from training.checkpoint import load_model_for_eval, resolve_checkpoint
+from training.config import expand_data_path
+from training.corpus import encode_file, file_fingerprint
+from training.evaluate import evaluate
+from training.model import LSTMLM
+
+FORMAT_VERSION = 1  # rescoring/bundle.py documents and reads this version
+OPSET = 17
+# Exact fp32 graphs must reproduce PyTorch to this per-token tolerance, or export fails.
+PARITY_TOLERANCE = 1e-4
+
+
+def is_self_normalised(cfg) -> bool:
+    return cfg.objective.selfnorm_alpha > 0
+
+
+class SentencesGraph(nn.Module):
+    """[B, T] inputs, targets and lengths -> per-token scores of the targets, 0 at padding."""
+
+    def __init__(self, model: LSTMLM, self_normalised: bool):
+        super().__init__()
+        self.model = model
+        self.score = model.head.target_score if self_normalised else model.head.target_logprob
+
+    def forward(self, input_ids, target_ids, lengths):
+        hidden, _ = self.model(input_ids.transpose(0, 1))
+        hidden = hidden.transpose(0, 1)
+        scores = self.score(hidden.reshape(-1, hidden.shape[-1]), target_ids.reshape(-1)).reshape(target_ids.shape)
+        positions = torch.cumsum(torch.ones_like(target_ids), dim=1)  # 1..T, built from tensors to stay dynamic
+        return torch.where(positions <= lengths.unsqueeze(1), scores, torch.zeros_like(scores))
+
+
+class StepGraph(nn.Module):
+    """One LSTM step over ``prev_ids``; scores of the candidates (or of the whole vocabulary) for the next word."""
+
+    def __init__(self, model: LSTMLM, self_normalised: bool, full: bool):
+        super().__init__()
+        self.model = model
+        self.self_normalised = self_normalised
+        self.full = full
+
+    def forward(self, prev_ids, h, c, candidates=None):
+        hidden, (h_out, c_out) = self.model(prev_ids.unsqueeze(0), (h, c))
+        hidden = hidden[0]
+        head = self.model.head
+        if self.full:
+            return (head.scores(hidden) if self.self_normalised else head.log_probs(hidden)), h_out, c_out
+        if self.self_normalised:  # K dot products per row, no normaliser
+            rows = hidden.unsqueeze(1) + torch.zeros_like(candidates, dtype=hidden.dtype).unsqueeze(2)
+            scores = head.target_score(rows.reshape(-1, hidden.shape[-1]), candidates.reshape(-1))
+            return scores.reshape(candidates.shape), h_out, c_out
+        return head.log_probs(hidden).gather(1, candidates), h_out, c_out
+
+
+def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str], axes: dict) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter warns about every traced shape; parity is checked
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            do_constant_folding=True,
+        )
+
+
+def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
+    lstm = model.lstm
+    batch = {0: "batch"}
+    state = {1: "batch"}
+    ids = torch.tensor([[1, 5, 6], [1, 7, 2]])
+    _export(
+        SentencesGraph(model, self_normalised),
+        (ids, ids.roll(-1, 1), torch.tensor([3, 2])),
+        out / "sentences.onnx",
+        ["input_ids", "target_ids", "lengths"],
+        ["logprobs"],
+        {
+            "input_ids": {0: "batch", 1: "time"},
+            "target_ids": {0: "batch", 1: "time"},
+            "lengths": batch,
+            "logprobs": {0: "batch", 1: "time"},
+        },
+    )
+    zeros = torch.zeros(lstm.num_layers, 2, lstm.hidden_size)
+    prev = torch.tensor([1, 5])
+    state_axes = {"h": state, "c": state, "h_out": state, "c_out": state, "prev_ids": batch}
+    _export(
+        StepGraph(model, self_normalised, full=False),
+        (prev, zeros, zeros, torch.tensor([[5, 6, 7], [2, 3, 4]])),
+        out / "step.onnx",
+        ["prev_ids", "h", "c", "candidates"],
+        ["logprobs", "h_out", "c_out"],
+        {**state_axes, "candidates": {0: "batch", 1: "candidates"}, "logprobs": {0: "batch", 1: "candidates"}},
+    )
+    _export(
+        StepGraph(model, self_normalised, full=True),
+        (prev, zeros, zeros),
+        out / "step_full.onnx",
+        ["prev_ids", "h", "c"],
+        ["logprobs", "h_out", "c_out"],
+        {**state_axes, "logprobs": batch},
+    )
+
+
+def quantize_graphs(out: Path) -> None:
+    """int8 weights, activations quantised on the fly (ONNX Runtime dynamic quantisation)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    for name in ("sentences", "step", "step_full"):
+        fp32 = out / f"{name}.onnx"
+        int8 = out / f"{name}.int8.onnx"
+        quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8)
+        int8.replace(fp32)
+
+
+def heldout_check(model: LSTMLM, self_normalised: bool, graph: Path, corpus, batches: SentenceBatches) -> dict:
+    """Run the exported sentences graph with ONNX Runtime next to PyTorch on every held-out sentence."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    reference = SentencesGraph(model, self_normalised).eval()
+    total, tokens, max_diff = 0.0, 0, 0.0
+    with torch.no_grad():
+        for batch in batches.batches():
+            inputs, targets = batch.inputs.T.contiguous(), batch.targets.T.contiguous()
+            lengths = batch.mask.sum(0)
+            got = session.run(
+                None, {"input_ids": inputs.numpy(), "target_ids": targets.numpy(), "lengths": lengths.numpy()}
+            )[0]
+            want = reference(inputs, targets, lengths).numpy()
+            max_diff = max(max_diff, float(np.abs(got - want).max()))
+            total += float(got.sum(dtype=np.float64))
+            tokens += int(lengths.sum())
+    return {"score_ppl": math.exp(-total / tokens), "max_abs_diff": max_diff}
+
+
+def training_data(ckpt: Path, cfg) -> list[dict]:
+    """The training files' fingerprints, recorded when the run started (or taken now for older checkpoints)."""
+    state = json.loads((ckpt / "state.json").read_text())
+    return state.get("data_fingerprint") or [file_fingerprint(expand_data_path(cfg.data.train))]
+
+
+def export_bundle(
+    checkpoint: str | Path, out: str | Path, *, heldout: str | None = None, quantize: str | None = None
+) -> dict:
+    """Write the bundle atomically and return its manifest."""
+    if quantize not in (None, "int8"):
+        raise ValueError(f"--quantize {quantize!r}: expected int8")
+    ckpt = resolve_checkpoint(checkpoint)
+    cfg, vocab, model = load_model_for_eval(ckpt)
+    model.eval()
+    self_normalised = is_self_normalised(cfg)
+    heldout = heldout or expand_data_path(cfg.data.valid)
+    corpus = encode_file(heldout, vocab, cfg.data.lowercase)
+    batches = SentenceBatches(corpus, vocab.bos_id, vocab.eos_id, cfg.train.eval_batch_size, shuffle=False)
+    exact = evaluate(model, batches, vocab.unk_id)
+    out = Path(out)
+    with atomic_directory(out) as tmp:
+        export_graphs(model, self_normalised, tmp)
+        if quantize:
+            quantize_graphs(tmp)
+        check = heldout_check(model, self_normalised, tmp / "sentences.onnx", corpus, batches)
+        if not quantize and check["max_abs_diff"] > PARITY_TOLERANCE:
+            raise RuntimeError(
+                f"exported graph differs from PyTorch by {check['max_abs_diff']:.2e} per token "
+                f"(tolerance {PARITY_TOLERANCE}) on {heldout}"
+            )
+        vocab.save(tmp / "vocab.tsv")
+        manifest = {
+            "format": "lmserve-bundle",
+            "format_version": FORMAT_VERSION,
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "head": cfg.head.type,
+            "normalisation": "self-normalised" if self_normalised else "exact",
+            "vocab": {"file": "vocab.tsv", "size": len(vocab), "unk": vocab.unk, "bos": "<s>", "eos": "</s>"},
+            "text": {"tokenizer": "whitespace", "lowercase": cfg.data.lowercase},
+            "model": {
+                "layers": cfg.model.layers,
+                "hidden_size": cfg.model.hidden_size,
+                "embedding_size": cfg.model.embedding_size,
+                "projection_size": cfg.model.projection_size,
+            },
+            "graphs": {name: f"{name}.onnx" for name in ("sentences", "step", "step_full")},
+            "opset": OPSET,
+            "quantization": "int8-dynamic" if quantize else None,
+            "heldout": {
+                "file": heldout,
+                "sentences": corpus.num_sentences,
+                "tokens": exact.tokens,
+                "oov_rate": corpus.oov_rate,
+                "ppl": exact.ppl,
+                "ppl_no_oov": exact.ppl_no_oov,
+                "logz_mean": exact.logz_mean,
+                "logz_std": exact.logz_std,
+                **check,
+            },
+            "training": {"checkpoint": str(ckpt), "config": cfg.to_dict(), "data": training_data(ckpt, cfg)},
+            "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())},
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
