@@ -37,6 +37,14 @@ def test_unnormalised_scores_agree_with_target_terms(head):
         torch.testing.assert_close(scores.log_softmax(-1), head.log_probs(hidden))
 
 
+def test_candidate_logprobs_are_the_distribution_gathered(head):
+    hidden = torch.randn(4, D)
+    candidates = torch.randint(0, V, (4, 3))
+    torch.testing.assert_close(
+        head.candidate_logprobs(hidden, candidates), head.log_probs(hidden).gather(1, candidates)
+    )
+
+
 def test_adaptive_matches_pytorch_reference_implementation():
     """Same parameters as torch.nn.AdaptiveLogSoftmaxWithLoss (which has no biases): same distribution."""
     torch.manual_seed(1)

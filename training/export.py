@@ -25,6 +25,7 @@ from training.checkpoint import load_model_for_eval, resolve_checkpoint
 from training.config import expand_data_path
 from training.corpus import encode_file, file_fingerprint
 from training.evaluate import evaluate
+from training.heads.base import per_candidate
 from training.model import LSTMLM
 
 FORMAT_VERSION = 1  # rescoring/bundle.py documents and reads this version
@@ -69,10 +70,8 @@ class StepGraph(nn.Module):
         if self.full:
             return (head.scores(hidden) if self.self_normalised else head.log_probs(hidden)), h_out, c_out
         if self.self_normalised:  # K dot products per row, no normaliser
-            rows = hidden.unsqueeze(1) + torch.zeros_like(candidates, dtype=hidden.dtype).unsqueeze(2)
-            scores = head.target_score(rows.reshape(-1, hidden.shape[-1]), candidates.reshape(-1))
-            return scores.reshape(candidates.shape), h_out, c_out
-        return head.log_probs(hidden).gather(1, candidates), h_out, c_out
+            return per_candidate(head.target_score, hidden, candidates), h_out, c_out
+        return head.candidate_logprobs(hidden, candidates), h_out, c_out
 
 
 def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str], axes: dict) -> None:

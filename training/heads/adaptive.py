@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.heads.base import Head, rowwise_dot
+from training.heads.base import Head, per_candidate, rowwise_dot
 
 
 class AdaptiveSoftmax(Head):
@@ -48,6 +48,10 @@ class AdaptiveSoftmax(Head):
             score = score + torch.zeros_like(score).scatter(0, rows, logits.gather(1, local).reshape(-1))
             tail_norm = tail_norm + torch.zeros_like(score).scatter(0, rows, logits.logsumexp(-1).reshape(-1))
         return score, torch.stack([torch.logsumexp(head_logits, dim=-1), tail_norm], dim=-1)
+
+    def candidate_logprobs(self, hidden, candidates):
+        """Each candidate costs the head and its own cluster, less than the whole distribution for few candidates."""
+        return per_candidate(self.target_logprob, hidden, candidates)
 
     def log_probs(self, hidden):
         head = torch.log_softmax(self.head(hidden), dim=-1)

@@ -44,7 +44,19 @@ class Head(nn.Module, abc.ABC):
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """Unnormalised scores of the whole vocabulary, ``[N, V]`` (``target_score`` is their gather)."""
 
+    def candidate_logprobs(self, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Exact log-probabilities of ``[B, K]`` candidate next words for ``[B, D]`` hidden states. A flat softmax
+        normalises once per row; heads whose ``target_logprob`` is cheaper than the whole distribution override this
+        to score each candidate on its own."""
+        return self.log_probs(hidden).gather(1, candidates)
+
     def target_logprob(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Exact log-probability of each target, ``[N]``, without the full-vocabulary softmax where the head allows."""
         score, log_norms = self.target_terms(hidden, targets)
         return score - log_norms.sum(-1)
+
+
+def per_candidate(score_fn, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Apply a per-target ``score_fn(hidden [N, D], targets [N])`` to ``[B, K]`` candidates of ``[B, D]`` rows."""
+    rows = hidden.unsqueeze(1) + torch.zeros_like(candidates, dtype=hidden.dtype).unsqueeze(2)  # [B, K, D]
+    return score_fn(rows.reshape(-1, hidden.shape[-1]), candidates.reshape(-1)).reshape(candidates.shape)
