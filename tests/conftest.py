@@ -109,3 +109,29 @@ def shared_data() -> Path:
     if not (path / "ptb" / "ptb.train.txt.gz").exists():
         raise FileNotFoundError(f"integration tests need the shared data sets at {path} (set LMSERVE_DATA)")
     return path
+
+
+BUNDLE_HEADS = [("full", 0.0), ("adaptive", 0.0), ("full", 0.5), ("adaptive", 0.5)]  # (head, selfnorm alpha)
+
+
+@pytest.fixture(scope="session")
+def bundles(tmp_path_factory) -> dict[tuple[str, float], tuple[Path, Path]]:
+    """(run, bundle) per head x normalisation: trained one epoch on a generated corpus and exported, once."""
+    from training.cli import main
+
+    root = tmp_path_factory.mktemp("bundles")
+    corpus = {
+        name: write_corpus(root / f"{name}.txt", make_sentences(n, seed=s))
+        for name, n, s in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
+    }
+    made = {}
+    for head, alpha in BUNDLE_HEADS:
+        name = f"{head}-{alpha}"
+        config = root / f"{name}.toml"
+        config.write_text(
+            tiny_config_text(corpus, "sentence", head, train={"epochs": 1}, objective={"selfnorm_alpha": alpha})
+        )
+        assert main(["fit", str(config), "--out", str(root / name)]) == 0
+        assert main(["export", "--checkpoint", str(root / name), "--out", str(root / f"{name}.bundle")]) == 0
+        made[(head, alpha)] = (root / name, root / f"{name}.bundle")
+    return made

@@ -8,36 +8,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from conftest import BUNDLE_HEADS
 
 from rescoring.bundle import Bundle, BundleError
 from training.checkpoint import load_model_for_eval
 from training.cli import main
 from training.export import SentencesGraph, StepGraph
-
-HEADS = [("full", 0.0), ("adaptive", 0.0), ("full", 0.5), ("adaptive", 0.5)]
-
-
-@pytest.fixture(scope="module")
-def bundles(tmp_path_factory):
-    """One trained-for-one-epoch run and bundle per head x normalisation, built once for the module."""
-    from conftest import make_sentences, tiny_config_text, write_corpus
-
-    root = tmp_path_factory.mktemp("export")
-    corpus = {
-        name: write_corpus(root / f"{name}.txt", make_sentences(n, seed=s))
-        for name, n, s in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
-    }
-    made = {}
-    for head, alpha in HEADS:
-        name = f"{head}-{alpha}"
-        config = root / f"{name}.toml"
-        config.write_text(
-            tiny_config_text(corpus, "sentence", head, train={"epochs": 1}, objective={"selfnorm_alpha": alpha})
-        )
-        assert main(["fit", str(config), "--out", str(root / name)]) == 0
-        assert main(["export", "--checkpoint", str(root / name), "--out", str(root / f"{name}.bundle")]) == 0
-        made[(head, alpha)] = (root / name, root / f"{name}.bundle")
-    return made
 
 
 def session(bundle: Bundle, graph: str) -> ort.InferenceSession:
@@ -57,7 +33,7 @@ def batch(sentences: list[list[int]], bos=1, eos=2):
 SENTENCES = [[5, 9, 3, 14], [7], [], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32]]
 
 
-@pytest.mark.parametrize(("head", "alpha"), HEADS)
+@pytest.mark.parametrize(("head", "alpha"), BUNDLE_HEADS)
 def test_every_head_exports_and_matches_pytorch(bundles, head, alpha):
     run, path = bundles[(head, alpha)]
     bundle = Bundle.load(path)
