@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
-import time
 
-from benchmarks.common import ROOT, write_result
+from benchmarks.common import ROOT, time_interleaved, write_result
 from benchmarks.train_run import fit_or_resume
 from training.config import DEFAULT_DATA_DIR, load_config
 from training.gutenberg import prepare_gutenberg
@@ -25,15 +23,15 @@ HEADS = ("full", "adaptive")
 
 def interleaved_tokens_per_s(trainers: dict[str, Trainer], batches: int, rounds: int) -> dict[str, float]:
     plan = list(trainers["full"].train_batches.batches(epoch=99))[:batches]
-    speeds = {name: [] for name in trainers}
-    for _ in range(rounds):
-        for name, trainer in trainers.items():
-            trainer.model.train()
-            start, tokens = time.perf_counter(), 0
-            for batch in plan:
-                tokens += trainer.step(batch, None)[1]
-            speeds[name].append(tokens / (time.perf_counter() - start))
-    return {name: statistics.median(values) for name, values in speeds.items()}
+    tokens = sum(batch.num_tokens for batch in plan)
+
+    def train_on_plan(trainer: Trainer):
+        trainer.model.train()
+        for batch in plan:
+            trainer.step(batch, None)
+
+    seconds = time_interleaved({name: lambda t=t: train_on_plan(t) for name, t in trainers.items()}, rounds)
+    return {name: tokens / s for name, s in seconds.items()}
 
 
 def main() -> None:

@@ -7,8 +7,11 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from training.atomic import atomic_write_text
@@ -65,3 +68,31 @@ def write_result(name: str, metrics: dict, **extra) -> Path:
     atomic_write_text(path, json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}", file=sys.stderr)
     return path
+
+
+def time_interleaved(cases: dict[str, Callable[[], object]], rounds: int = 3) -> dict[str, float]:
+    """Median wall seconds of each case, the cases taking turns round after round: on a shared machine a ratio of
+    two such figures is fair even when the load changes while the benchmark runs."""
+    seconds: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            start = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def ensure_bundle(run: Path, out: Path, quantize: str | None = None, heldout: str | None = None) -> Path:
+    """Export ``run`` to ``out`` unless a bundle is already there (benchmarks re-use each other's bundles)."""
+    if not (out / "manifest.json").exists():
+        from training.export import export_bundle
+
+        export_bundle(run, out, quantize=quantize, heldout=heldout)
+    return out
+
+
+def ptb_sentences(split: str = "test") -> list[str]:
+    from training.config import DEFAULT_DATA_DIR
+    from training.corpus import read_sentences
+
+    return [" ".join(words) for words in read_sentences(DEFAULT_DATA_DIR / "ptb" / f"ptb.{split}.txt.gz")]

@@ -123,21 +123,27 @@ class Scorer:
     def score(self, sentences: Sequence[str]) -> list[SentenceScore]:
         encoded = [self.encode(s) for s in sentences]
         results: list[SentenceScore | None] = [None] * len(sentences)
-        order = sorted(range(len(sentences)), key=lambda i: len(encoded[i][1]))
-        start = 0
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and (end - start + 1) * (len(encoded[order[end]][1]) + 1) <= self.max_batch_tokens:
-                end += 1
-            members = order[start:end]
-            scores = self._run_sentences([encoded[i][1] for i in members])
+        for members in self.plan_batches([ids for _, ids, _ in encoded]):
+            scores = self.score_ids([encoded[i][1] for i in members])
             for row, i in enumerate(members):
                 words, ids, oov = encoded[i]
                 results[i] = SentenceScore(words, scores[row, : len(ids) + 1].copy(), oov)
-            start = end
         return results
 
-    def _run_sentences(self, batch: list[list[int]]) -> np.ndarray:
+    def plan_batches(self, sentences: Sequence[list[int]]) -> list[list[int]]:
+        """Indices of sentences of similar length, at most ``max_batch_tokens`` padded tokens per batch."""
+        order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+        batches, start = [], 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and (end - start + 1) * (len(sentences[order[end]]) + 1) <= self.max_batch_tokens:
+                end += 1
+            batches.append(order[start:end])
+            start = end
+        return batches
+
+    def score_ids(self, batch: Sequence[list[int]]) -> np.ndarray:
+        """Token scores ``[B, T]`` of sentences given as word ids (without <s>/</s>); row b has len + 1 scores."""
         steps = max(len(ids) for ids in batch) + 1
         inputs = np.full((len(batch), steps), EOS, dtype=np.int64)
         targets = np.full((len(batch), steps), EOS, dtype=np.int64)
@@ -155,54 +161,66 @@ class Scorer:
     def score_nbest(self, lists: Sequence[Sequence[str]], max_batch_rows: int = 1024) -> list[list[SentenceScore]]:
         forest = _PrefixForest()
         encoded = [[self.encode(h) for h in hyps] for hyps in lists]
-        leaves = []
+        paths = []
         for hyps in encoded:
             root = forest.new_root()
-            leaves.append([forest.add(root, [*ids, EOS]) for _, ids, _ in hyps])
+            paths.append([forest.add(root, [*ids, EOS]) for _, ids, _ in hyps])
         edge_scores = self._run_forest(forest, max_batch_rows)
-        results = []
-        for hyps, hyp_leaves in zip(encoded, leaves, strict=True):
-            results.append(
-                [
-                    SentenceScore(words, edge_scores[forest.path(leaf)], oov)
-                    for (words, _, oov), leaf in zip(hyps, hyp_leaves, strict=True)
-                ]
-            )
-        return results
+        return [
+            [
+                SentenceScore(words, edge_scores[path], oov)
+                for (words, _, oov), path in zip(hyps, hyp_paths, strict=True)
+            ]
+            for hyps, hyp_paths in zip(encoded, paths, strict=True)
+        ]
 
     def _run_forest(self, forest: _PrefixForest, max_batch_rows: int) -> np.ndarray:
-        """Score every edge of the forest: one step per node that has children, a depth at a time."""
-        edge_scores = np.zeros(len(forest.token), dtype=np.float32)
-        # the state each node's step starts from: its parent's output (zeros for the roots)
-        state_in = {}
-        frontier = [n for n in forest.roots if forest.children[n]]
-        zeros = np.zeros((self.layers, 1, self.state_size), dtype=np.float32)
-        while frontier:
-            next_frontier = []
-            for start in range(0, len(frontier), max_batch_rows):
-                nodes = frontier[start : start + max_batch_rows]
-                width = max(len(forest.children[n]) for n in nodes)
-                candidates = np.zeros((len(nodes), width), dtype=np.int64)
-                for row, n in enumerate(nodes):
-                    kids = forest.children[n]
-                    candidates[row, : len(kids)] = [forest.token[k] for k in kids]
-                h = np.concatenate([state_in.get(n, (zeros, zeros))[0] for n in nodes], axis=1)
-                c = np.concatenate([state_in.get(n, (zeros, zeros))[1] for n in nodes], axis=1)
-                prev = np.array([forest.token[n] for n in nodes], dtype=np.int64)
-                scores, h_out, c_out = self.sessions["step"].run(
-                    None, {"prev_ids": prev, "h": h, "c": c, "candidates": candidates}
+        """Score every edge of the forest (by child node): one LSTM step per node that has children, all trees
+        advancing together one depth at a time, each node starting from its parent's output state."""
+        if not forest.token:
+            return np.zeros(0, dtype=np.float32)
+        token, parent, depth = (np.asarray(x) for x in (forest.token, forest.parent, forest.depth))
+        has_children = np.bincount(parent[parent >= 0], minlength=len(token)) > 0
+        edge_scores = np.zeros(len(token), dtype=np.float32)
+        row_of = np.full(len(token), -1)  # a node's row in its depth's step outputs
+        by_depth = np.argsort(depth, kind="stable")
+        level_start = np.searchsorted(depth[by_depth], np.arange(depth.max() + 2))
+        h = c = None
+        for d in range(depth.max()):
+            level = by_depth[level_start[d] : level_start[d + 1]]
+            steppers = level[has_children[level]]
+            kids = by_depth[level_start[d + 1] : level_start[d + 2]]
+            if d == 0:
+                h_in = c_in = np.zeros((self.layers, len(steppers), self.state_size), dtype=np.float32)
+            else:
+                rows = row_of[parent[steppers]]
+                h_in, c_in = h[:, rows], c[:, rows]
+            row_of[steppers] = np.arange(len(steppers))
+            kid_rows = row_of[parent[kids]]
+            order = np.argsort(kid_rows, kind="stable")
+            kids, kid_rows = kids[order], kid_rows[order]
+            rank = np.arange(len(kids)) - np.searchsorted(kid_rows, kid_rows)  # position among its siblings
+            candidates = np.zeros((len(steppers), rank.max() + 1), dtype=np.int64)
+            candidates[kid_rows, rank] = token[kids]
+            scores, h_parts, c_parts = [], [], []
+            for start in range(0, len(steppers), max_batch_rows):
+                part = slice(start, start + max_batch_rows)
+                out = self.sessions["step"].run(
+                    None,
+                    {
+                        "prev_ids": token[steppers[part]],
+                        "h": h_in[:, part],
+                        "c": c_in[:, part],
+                        "candidates": candidates[part],
+                    },
                 )
-                self.stats.lstm_steps += len(nodes)
+                scores.append(out[0])
+                h_parts.append(out[1])
+                c_parts.append(out[2])
                 self.stats.calls += 1
-                for row, n in enumerate(nodes):
-                    for k, kid in enumerate(forest.children[n]):
-                        edge_scores[kid] = scores[row, k]
-                        if forest.children[kid]:
-                            state_in[kid] = (h_out[:, row : row + 1], c_out[:, row : row + 1])
-                            next_frontier.append(kid)
-                for n in nodes:
-                    state_in.pop(n, None)
-            frontier = next_frontier
+            self.stats.lstm_steps += len(steppers)
+            edge_scores[kids] = np.concatenate(scores)[kid_rows, rank]
+            h, c = np.concatenate(h_parts, axis=1), np.concatenate(c_parts, axis=1)
         return edge_scores
 
 
@@ -215,37 +233,27 @@ class _PrefixForest:
     def __init__(self):
         self.token: list[int] = []
         self.parent: list[int] = []
-        self.children: list[list[int]] = []
+        self.depth: list[int] = []
         self._child_of: dict[tuple[int, int], int] = {}
-        self.roots: list[int] = []
 
     def _node(self, token: int, parent: int) -> int:
         self.token.append(token)
         self.parent.append(parent)
-        self.children.append([])
+        self.depth.append(self.depth[parent] + 1 if parent >= 0 else 0)
         return len(self.token) - 1
 
     def new_root(self) -> int:
         """A new tree (one hypothesis list): its root is the <s> every hypothesis starts from."""
-        self.roots.append(self._node(BOS, -1))
-        return self.roots[-1]
+        return self._node(BOS, -1)
 
-    def add(self, root: int, ids: list[int]) -> int:
-        """Add one hypothesis (ids ending with </s>) under ``root``; return its leaf node."""
-        node = root
+    def add(self, root: int, ids: list[int]) -> list[int]:
+        """Add one hypothesis (ids ending with </s>) under ``root``; return the nodes of its path after the root."""
+        node, path = root, []
         for token in ids:
             key = (node, token)
             child = self._child_of.get(key)
             if child is None:
-                child = self._node(token, node)
-                self._child_of[key] = child
-                self.children[node].append(child)
+                child = self._child_of[key] = self._node(token, node)
+            path.append(child)
             node = child
-        return node
-
-    def path(self, leaf: int) -> list[int]:
-        nodes = []
-        while self.parent[leaf] != -1:
-            nodes.append(leaf)
-            leaf = self.parent[leaf]
-        return nodes[::-1]
+        return path

@@ -77,6 +77,7 @@ def test_prefix_sharing_gives_the_scores_of_each_hypothesis_alone(bundles, head,
     # one step per distinct prefix that something follows; alone, one per word and </s> of every hypothesis
     # list 1: <s> | w1 | w1 w2 | w1 w2 w3 | w1 w2 w3 w4 | w1 w2 w3 w5 | w2    list 2: <s> | w7 | w7 zzz | ... (6)
     assert steps_shared == 7 + 6 + 2 and steps_alone == 22 + 9 + 2
+    assert scorer.score_nbest([]) == [] and scorer.score_nbest([[]]) == [[]]
 
 
 def test_lowercasing_follows_the_bundle(bundles, tmp_path):

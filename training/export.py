@@ -74,7 +74,7 @@ class StepGraph(nn.Module):
         return head.candidate_logprobs(hidden, candidates), h_out, c_out
 
 
-def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str], axes: dict) -> None:
+def export_onnx(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str], axes: dict) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter warns about every traced shape; parity is checked
         torch.onnx.export(
@@ -95,7 +95,7 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
     batch = {0: "batch"}
     state = {1: "batch"}
     ids = torch.tensor([[1, 5, 6], [1, 7, 2]])
-    _export(
+    export_onnx(
         SentencesGraph(model, self_normalised),
         (ids, ids.roll(-1, 1), torch.tensor([3, 2])),
         out / "sentences.onnx",
@@ -111,7 +111,7 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
     zeros = torch.zeros(lstm.num_layers, 2, lstm.hidden_size)
     prev = torch.tensor([1, 5])
     state_axes = {"h": state, "c": state, "h_out": state, "c_out": state, "prev_ids": batch}
-    _export(
+    export_onnx(
         StepGraph(model, self_normalised, full=False),
         (prev, zeros, zeros, torch.tensor([[5, 6, 7], [2, 3, 4]])),
         out / "step.onnx",
@@ -119,7 +119,7 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
         ["logprobs", "h_out", "c_out"],
         {**state_axes, "candidates": {0: "batch", 1: "candidates"}, "logprobs": {0: "batch", 1: "candidates"}},
     )
-    _export(
+    export_onnx(
         StepGraph(model, self_normalised, full=True),
         (prev, zeros, zeros),
         out / "step_full.onnx",
