@@ -21,11 +21,16 @@ lint: setup
 test: lint
 	$(PY) -m pytest
 
-# Train a small adaptive-softmax LSTM on PTB in sentence mode (how rescoring scores sentences), then evaluate it.
+DATA ?= $${LMSERVE_DATA:-../shared/data}
+
+# Train a small adaptive-softmax LSTM on PTB in sentence mode (how rescoring scores sentences), evaluate it, export it
+# as a model bundle and score a few test sentences with the torch-free scorer.
 demo: setup
 	rm -rf var/runs/demo
 	$(VENV)/bin/lm-train fit configs/demo_ptb.toml --out var/runs/demo
-	$(VENV)/bin/lm-train eval --checkpoint var/runs/demo --file "$${LMSERVE_DATA:-../shared/data}/ptb/ptb.test.txt.gz"
+	$(VENV)/bin/lm-train eval --checkpoint var/runs/demo --file "$(DATA)/ptb/ptb.test.txt.gz"
+	$(VENV)/bin/lm-train export --checkpoint var/runs/demo --out var/bundles/demo
+	zcat "$(DATA)/ptb/ptb.test.txt.gz" | head -3 | $(VENV)/bin/lm-rescore score --lm var/bundles/demo --per-token
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache *.egg-info
