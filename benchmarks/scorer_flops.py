@@ -31,7 +31,7 @@ def onnx_matmul_gflops(threads: int, repeats: int = 5) -> float:
         [helper.make_tensor_value_info(x, TensorProto.FLOAT, [N, N]) for x in ("a", "b")],
         [helper.make_tensor_value_info("c", TensorProto.FLOAT, [N, N])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

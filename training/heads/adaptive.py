@@ -49,6 +49,18 @@ class AdaptiveSoftmax(Head):
             tail_norm = tail_norm + torch.zeros_like(score).scatter(0, rows, logits.logsumexp(-1).reshape(-1))
         return score, torch.stack([torch.logsumexp(head_logits, dim=-1), tail_norm], dim=-1)
 
+    def target_logprob(self, hidden, targets):
+        # the head and the target's cluster through log_softmax (see FullSoftmax.target_logprob for why)
+        cluster = torch.bucketize(targets, self.bounds, right=True)
+        head_index = torch.where(cluster == 0, targets, self.shortlist + cluster - 1)
+        logprob = torch.log_softmax(self.head(hidden), dim=-1).gather(1, head_index[:, None]).squeeze(1)
+        for i, tail in enumerate(self.tails):
+            rows = torch.nonzero(cluster == i + 1).reshape(-1)
+            local = (targets.index_select(0, rows) - self.bounds[i]).reshape(-1, 1)
+            tail_logprob = torch.log_softmax(tail(hidden.index_select(0, rows)), dim=-1).gather(1, local)
+            logprob = logprob + torch.zeros_like(logprob).scatter(0, rows, tail_logprob.reshape(-1))
+        return logprob
+
     def candidate_logprobs(self, hidden, candidates):
         """Each candidate costs the head and its own cluster, less than the whole distribution for few candidates."""
         return per_candidate(self.target_logprob, hidden, candidates)
