@@ -62,6 +62,14 @@ def default_providers() -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
+def default_batch_tokens(bundle: Bundle) -> int:
+    """Exact scores hold a [tokens, V] tensor: keep it near 16 MB, where the CPU caches still help (on PTB, 512
+    tokens a batch scored 40% faster than 8192); self-normalised scores have no such tensor."""
+    if not bundle.normalised:
+        return 8192
+    return max(256, min(8192, 2**22 // len(bundle.tokens)))
+
+
 class Scorer:
     """Load a bundle once; score many sentences and hypothesis lists with it."""
 
@@ -71,13 +79,13 @@ class Scorer:
         *,
         threads: int = 0,
         providers: Sequence[str] | None = None,
-        max_batch_tokens: int = 8192,
+        max_batch_tokens: int = 0,
     ):
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
         self.index = {token: i for i, token in enumerate(self.bundle.tokens)}
         self.lowercase = bool(manifest["text"].get("lowercase", False))
-        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_tokens = max_batch_tokens or default_batch_tokens(self.bundle)
         self.stats = ScoringStats()
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or (os.cpu_count() or 1)
