@@ -90,3 +90,12 @@ def test_gradients_flow_through_target_terms(head):
     (log_norms.sum() - score.sum()).backward()
     assert hidden.grad is not None and hidden.grad.abs().sum() > 0
     assert all(p.grad is not None for p in head.parameters())
+
+
+def test_unigram_bias_init_predicts_the_prior_from_a_zero_state(head):
+    prior = torch.distributions.Dirichlet(torch.ones(V)).sample().log()
+    head.init_bias(prior)
+    zero = torch.zeros(3, D)
+    torch.testing.assert_close(head.log_probs(zero), prior.expand(3, V), atol=1e-5, rtol=0)
+    if isinstance(head, FullSoftmax):  # the scores are already normalised: log Z = 0
+        torch.testing.assert_close(head.scores(zero).logsumexp(-1), torch.zeros(3), atol=1e-5, rtol=0)

@@ -52,3 +52,13 @@ def test_malformed_vocabulary_files_name_file_and_line(tmp_path, text, message):
     with pytest.raises(VocabError) as info:
         Vocabulary.load(path)
     assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_target_log_prior_is_a_smoothed_distribution_without_bos():
+    import math
+
+    v = Vocabulary.build(SENTENCES)
+    prior = v.target_log_prior()
+    assert sum(math.exp(p) for p in prior) == pytest.approx(1.0)
+    assert prior[v.bos_id] == min(prior)  # <s> is never predicted
+    assert prior[v.index["a"]] > prior[v.index["c"]]

@@ -60,6 +60,9 @@ class HeadConfig:
     type: str = "full"
     cutoffs: list[int] = field(default_factory=list)  # adaptive: ids < cutoffs[0] are the shortlist
     div_value: float = 4.0  # adaptive: cluster i projects to size // div_value ** (i + 1)
+    # uniform: like every other parameter (model.init_range); unigram: output biases start at the log unigram
+    # distribution of the training text, so the untrained model predicts word frequencies and log Z starts near 0
+    bias_init: str = "uniform"
 
 
 @dataclass
@@ -122,6 +125,7 @@ class Config:
 
 _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),
+    ("head", "bias_init"): ("uniform", "unigram"),
     ("objective", "type"): ("cross_entropy",),
     ("optimizer", "name"): ("sgd", "adagrad", "adam"),
     ("schedule", "type"): ("fixed", "plateau"),

@@ -6,6 +6,7 @@ softmax cutoffs and unigram samplers read frequency order straight off the ids.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -63,6 +64,12 @@ class Vocabulary:
         unk_count += sum(counts.values()) - kept
         tokens = [unk, BOS, EOS, *words]
         return cls(tokens, [unk_count, num_sentences, num_sentences, *(counts[w] for w in words)])
+
+    def target_log_prior(self) -> list[float]:
+        """Add-one smoothed log unigram probabilities of every id as a *predicted* token (<s> never is one)."""
+        counts = [0 if i == self.bos_id else c for i, c in enumerate(self.counts)]
+        total = sum(counts) + len(counts)
+        return [math.log((c + 1) / total) for c in counts]
 
     def save(self, path: str | Path) -> None:
         lines = [HEADER] + [f"{t}\t{c}" for t, c in zip(self.tokens, self.counts, strict=True)]

@@ -33,6 +33,16 @@ class AdaptiveSoftmax(Head):
                 nn.Sequential(nn.Linear(in_dim, size, bias=False), nn.Linear(size, bounds[i + 1] - bounds[i]))
             )
 
+    @torch.no_grad()
+    def init_bias(self, log_prior):
+        """Shortlist words get their prior, cluster logits the cluster's mass, tail words their share of it."""
+        self.head.bias[: self.shortlist].copy_(log_prior[: self.shortlist])
+        for i, tail in enumerate(self.tails):
+            inside = log_prior[self.bounds[i] : self.bounds[i + 1]]
+            mass = inside.logsumexp(0)
+            self.head.bias[self.shortlist + i] = mass
+            tail[1].bias.copy_(inside - mass)
+
     def target_terms(self, hidden, targets):
         head_logits = self.head(hidden)
         cluster = torch.bucketize(targets, self.bounds, right=True)  # 0 = shortlist, i = tail cluster i

@@ -44,6 +44,10 @@ class Head(nn.Module, abc.ABC):
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """Unnormalised scores of the whole vocabulary, ``[N, V]`` (``target_score`` is their gather)."""
 
+    @abc.abstractmethod
+    def init_bias(self, log_prior: torch.Tensor) -> None:
+        """Set the output biases so that a zero hidden state predicts ``log_prior`` ([V], normalised) exactly."""
+
     def candidate_logprobs(self, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Exact log-probabilities of ``[B, K]`` candidate next words for ``[B, D]`` hidden states. A flat softmax
         normalises once per row; heads whose ``target_logprob`` is cheaper than the whole distribution override this

@@ -23,6 +23,10 @@ class FullSoftmax(Head):
             )
         self.linear.weight = embedding.weight
 
+    @torch.no_grad()
+    def init_bias(self, log_prior):
+        self.linear.bias.copy_(log_prior)
+
     def target_terms(self, hidden, targets):
         logits = self.linear(hidden)
         score = logits.gather(1, targets[:, None]).squeeze(1)
