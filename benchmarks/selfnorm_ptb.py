@@ -3,7 +3,8 @@
     python -m benchmarks.selfnorm_ptb --jobs 2
 
 Every setting trains configs/ptb_selfnorm.toml (same schedule) in its own ``lm-train fit`` process, one thread each,
-``--jobs`` at a time; an interrupted sweep picks up its runs where they stopped.
+``--jobs`` at a time; an interrupted sweep picks up its runs where they stopped and
+finished runs (``results.json`` written at the end) are not trained again.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ SETTINGS = [(0.0, 1.0), (0.01, 1.0), (0.1, 1.0), (1.0, 1.0), (0.1, 0.1), (1.0, 0
 
 def run_setting(alpha: float, gamma: float) -> dict:
     run_dir = ROOT / "var" / "runs" / f"ptb_selfnorm_a{alpha:g}_g{gamma:g}"
-    if (run_dir / "checkpoints" / "latest").exists():
+    if (run_dir / "results.json").exists():
+        command = None
+    elif (run_dir / "checkpoints" / "latest").exists():
         command = ["fit", "--resume", str(run_dir)]
     else:
         command = [
@@ -37,8 +40,9 @@ def run_setting(alpha: float, gamma: float) -> dict:
             "--set",
             "train.threads=1",
         ]
-    log = (ROOT / "var" / "logs" / f"{run_dir.name}.log").open("w")
-    subprocess.run([sys.executable, "-m", "training.cli", *command], check=True, stdout=log, stderr=log, cwd=ROOT)
+    if command is not None:
+        with (ROOT / "var" / "logs" / f"{run_dir.name}.log").open("a") as log:
+            subprocess.run([sys.executable, "-m", "training.cli", *command], check=True, stdout=log, stderr=log, cwd=ROOT)
     results = json.loads((run_dir / "results.json").read_text())
     test = results["test"]
     return {
