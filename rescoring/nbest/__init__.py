@@ -1,0 +1,76 @@
+"""Hypothesis lists (ASR n-best, MT k-best) in the formats decoders write, all read into one model (``model.py``).
+
+    nbest = read_nbest("dev_other.tar.gz")                     # the format is told from the path
+    nbest = read_nbest("output.gold", references=["reference.en.0", "reference.en.1"])
+    write_nbest(nbest, "dev_other.jsonl", "jsonl")
+
+One module per format, each with ``read(path, references)``, ``write(nbest, path)`` and ``detect(path)``; ``FORMATS``
+lists them by name, in the order detection tries them. ``references`` (files with one reference a line) replace the
+references a format carries itself: line i goes with entry i (Moses: with sentence id i). Malformed input raises
+``NBestFormatError`` naming the file, line or entry, and field. Writers replace their files atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rescoring.nbest import espnet, hyporadise, jsonl, kaldi, moses, srilm
+from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
+from rescoring.nbest.parsing import NBestFormatError
+
+__all__ = [
+    "FORMATS",
+    "Hypothesis",
+    "NBestEntry",
+    "NBestFormat",
+    "NBestFormatError",
+    "NBestList",
+    "detect_format",
+    "read_nbest",
+    "write_nbest",
+]
+
+
+@dataclass(frozen=True)
+class NBestFormat:
+    name: str
+    read: Callable[[Path, list[Path] | None], NBestList]
+    write: Callable[[NBestList, Path], None]
+    detect: Callable[[Path], bool]
+
+
+FORMATS = {
+    module.NAME: NBestFormat(module.NAME, module.read, module.write, module.detect)
+    for module in (espnet, kaldi, hyporadise, jsonl, moses, srilm)
+}
+
+
+def detect_format(path: str | Path) -> str:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    for name, fmt in FORMATS.items():
+        if fmt.detect(path):
+            return name
+    raise NBestFormatError(path, f"cannot tell its n-best format; expected one of {', '.join(FORMATS)} (pass format=)")
+
+
+def lookup(format: str) -> NBestFormat:
+    if format not in FORMATS:
+        raise ValueError(f"unknown n-best format {format!r}; expected one of {', '.join(FORMATS)}")
+    return FORMATS[format]
+
+
+def read_nbest(
+    path: str | Path, format: str | None = None, references: str | Path | Sequence[str | Path] | None = None
+) -> NBestList:
+    path = Path(path)
+    if isinstance(references, str | Path):
+        references = [references]
+    return lookup(format or detect_format(path)).read(path, [Path(r) for r in references or []] or None)
+
+
+def write_nbest(nbest: NBestList, path: str | Path, format: str) -> None:
+    lookup(format).write(nbest, Path(path))

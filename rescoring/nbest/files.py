@@ -1,0 +1,86 @@
+"""Reading text (gzipped or not), writing it so that a crash never leaves half a file, and reference files."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from rescoring.nbest.model import NBestEntry
+from rescoring.nbest.parsing import NBestFormatError, split_lines
+
+
+def read_text(path: Path) -> str:
+    data = path.read_bytes()
+    return decode(gzip.decompress(data) if path.suffix == ".gz" else data, path)
+
+
+def decode(data: bytes, name: object) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise NBestFormatError(name, f"expected UTF-8 text, byte {e.start} is not", line) from None
+
+
+def first_line(path: Path) -> str:
+    """The first line of a file, for format detection; "" for a file that cannot be read as text."""
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            return f.readline().rstrip("\r\n")
+    except OSError:
+        return ""
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write to a temporary file beside ``path``, then rename it over ``path``: readers see the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temporary, "x", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_folder(path: Path, contents: dict[str, str], layout: Iterable[str]) -> None:
+    """Write a folder format's files (each atomically), then remove the files of the ``layout`` that this write
+    did not produce, left by an earlier write, so that reading the folder back gives what was written."""
+    for name, text in contents.items():
+        write_atomically(path / name, text)
+    for name in layout:
+        if name not in contents:
+            (path / name).unlink(missing_ok=True)
+
+
+def read_references(paths: Sequence[Path]) -> list[list[str]]:
+    """Line i of every file is a reference for sentence i; several files give several references per sentence."""
+    columns = [split_lines(read_text(path)) for path in paths]
+    for path, column in zip(paths[1:], columns[1:], strict=True):
+        if len(column) != len(columns[0]):
+            raise NBestFormatError(
+                path, f"has {len(column)} lines, {paths[0]} has {len(columns[0])}: expected one line per sentence"
+            )
+    return [[line.strip() for line in refs] for refs in zip(*columns, strict=True)]
+
+
+def attach_references(
+    entries: list[NBestEntry], paths: Sequence[Path], line_of: Callable[[int, NBestEntry], int] | None = None
+) -> None:
+    """Replace the entries' references with those of ``paths``: line ``line_of(i, entry)`` (default: i) for entry i.
+
+    Without ``line_of`` the files must have exactly one line per entry, so that a reference file for another set
+    is not silently taken for this one.
+    """
+    references = read_references(paths)
+    if line_of is None and len(references) != len(entries):
+        raise NBestFormatError(paths[0], f"has {len(references)} lines, expected one per n-best entry ({len(entries)})")
+    for i, entry in enumerate(entries):
+        line = i if line_of is None else line_of(i, entry)
+        if not 0 <= line < len(references):
+            raise NBestFormatError(paths[0], f"has {len(references)} lines, entry {entry.id!r} needs line {line + 1}")
+        entry.references = references[line]
