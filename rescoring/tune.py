@@ -1,0 +1,408 @@
+"""Log-linear weight tuning for n-best/k-best rescoring.
+
+Each hypothesis h has features x_h (acoustic or translation score, LM scores, length, ...); an utterance's choice is
+argmax_h sum_f w_f x_hf, and the weights are tuned on a dev set to minimise corpus WER or maximise corpus BLEU of those
+choices, then applied to the test set unchanged (never tuned on it; ``cross_validate`` estimates held-out quality when
+the dev set is all there is).
+
+Why it is done this way:
+
+- The per-hypothesis metric statistics (``rescoring.metrics``: word errors and reference length, or BLEU's n-gram
+  counts) are computed once; an evaluation of the objective is then a padded [utterances, hypotheses, features]
+  product, an argmax and a sum, about a millisecond for a few thousand 30-best lists.
+- The objective is piecewise constant in w: the choice only changes when w crosses a hyperplane where two hypotheses
+  tie, so there are no gradients and large flat plateaus. Derivative-free methods that take finite steps (Powell's
+  line searches, Nelder-Mead's simplex) can still walk across plateaus, but they stop at the first step that finds
+  nothing better, so every method is run from several random starting points (and random directions or simplex
+  shapes) and the best dev result wins. The spread of the runs' results says how rugged the surface is.
+- The scale of w is free (argmax ignores it), so one weight, ``fixed`` (by default the first feature, the
+  decoder's own score), stays 1 and only the others are searched.
+- Features differ wildly in size (an LM log-probability of -75 next to a length of 20), so the search runs on
+  rescaled weights: a searched value of 1 gives feature f the same spread within a list as the fixed feature has.
+  Steps and random starts are in those units.
+- Ties go to the lower rank, as everywhere in ``rescoring.metrics``; the best point found is kept only when it is
+  strictly better, so a search that finds nothing returns its starting weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import minimize
+
+from rescoring import metrics
+
+METHODS = ("powell", "nelder-mead")
+WEIGHTS_FORMAT = "lmserve-weights"
+WEIGHTS_VERSION = 1
+
+
+@dataclass(eq=False)
+class TuningSet:
+    """Dev-set n-best lists reduced to what tuning needs: per utterance a feature matrix [n_hyps, n_features] and the
+    metric's sufficient statistics [n_hyps, n_stats] (``rescoring.metrics``). ``ids`` are the utterances' positions
+    in the original set, kept through ``subset`` so a fold can be traced back."""
+
+    name: str
+    feature_names: tuple[str, ...]
+    metric: str
+    features: list[np.ndarray] = field(repr=False)
+    stats: list[np.ndarray] = field(repr=False)
+    bleu_args: dict = field(default_factory=dict)
+    signature: str = ""
+    ids: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.metric not in metrics.METRICS:
+            raise ValueError(f"{self.name}: metric must be one of {metrics.METRICS}, got {self.metric!r}")
+        self.feature_names = tuple(self.feature_names)
+        if len(set(self.feature_names)) != len(self.feature_names) or not self.feature_names:
+            raise ValueError(f"{self.name}: feature names must be distinct and non-empty, got {self.feature_names}")
+        if len(self.features) != len(self.stats) or not self.features:
+            raise ValueError(f"{self.name}: {len(self.features)} feature matrices, {len(self.stats)} statistics")
+        self.features = [np.asarray(x, dtype=np.float64) for x in self.features]
+        self.stats = [np.asarray(s, dtype=np.int64) for s in self.stats]
+        for i, (x, s) in enumerate(zip(self.features, self.stats, strict=True)):
+            if x.ndim != 2 or x.shape[1] != len(self.feature_names) or len(x) == 0:
+                raise ValueError(
+                    f"{self.name}: utterance {i}: features {x.shape}, expected [n_hyps >= 1, {len(self.feature_names)}]"
+                )
+            if not np.isfinite(x).all():
+                raise ValueError(f"{self.name}: utterance {i}: features must be finite")
+            if s.ndim != 2 or len(s) != len(x) or s.shape[1] != self.stats[0].shape[1]:
+                raise ValueError(f"{self.name}: utterance {i}: statistics {s.shape} do not fit features {x.shape}")
+        self.ids = np.arange(len(self.features)) if self.ids is None else np.asarray(self.ids)
+        # Padded copies for vectorised choices: padding rows can never win the argmax.
+        n_hyps = max(len(x) for x in self.features)
+        self._x = np.zeros((len(self), n_hyps, len(self.feature_names)))
+        self._s = np.zeros((len(self), n_hyps, self.stats[0].shape[1]), dtype=np.int64)
+        self._pad = np.ones((len(self), n_hyps), dtype=bool)
+        for i, (x, s) in enumerate(zip(self.features, self.stats, strict=True)):
+            self._x[i, : len(x)], self._s[i, : len(s)], self._pad[i, : len(x)] = x, s, False
+        self._score = metrics.corpus_scorer(self.metric, **self.bleu_args)
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    @classmethod
+    def from_wer(
+        cls,
+        name: str,
+        feature_names: Sequence[str],
+        features: Sequence[np.ndarray],
+        references: Sequence[str],
+        nbest: Sequence[Sequence[str]],
+    ) -> TuningSet:
+        """Word errors of every hypothesis against its utterance's reference, aligned once with jiwer."""
+        _check_nbest(name, features, nbest)
+        flat_refs = [ref for ref, hyps in zip(references, nbest, strict=True) for _ in hyps]
+        stats = metrics.wer_stats(flat_refs, [h for hyps in nbest for h in hyps])
+        return cls(
+            name,
+            tuple(feature_names),
+            "wer",
+            list(features),
+            metrics.unflatten(stats, nbest),
+            signature=metrics.WER_SIGNATURE,
+        )
+
+    @classmethod
+    def from_bleu(
+        cls,
+        name: str,
+        feature_names: Sequence[str],
+        features: Sequence[np.ndarray],
+        references: Sequence[Sequence[str]],
+        nbest: Sequence[Sequence[str]],
+        **bleu_args,
+    ) -> TuningSet:
+        """BLEU statistics of every hypothesis; ``references`` in sacrebleu's layout (one list per reference set)."""
+        _check_nbest(name, features, nbest)
+        flat_refs = [[refs[i] for i, hyps in enumerate(nbest) for _ in hyps] for refs in references]
+        stats = metrics.bleu_stats(flat_refs, [h for hyps in nbest for h in hyps], **bleu_args)
+        signature = metrics.bleu_report(references, [hyps[0] for hyps in nbest], **bleu_args)["signature"]
+        stats = metrics.unflatten(stats, nbest)
+        return cls(name, tuple(feature_names), "bleu", list(features), stats, bleu_args=bleu_args, signature=signature)
+
+    def subset(self, indices: Sequence[int], name: str | None = None) -> TuningSet:
+        indices = np.asarray(indices, dtype=np.int64)
+        return replace(
+            self,
+            name=name or self.name,
+            features=[self.features[i] for i in indices],
+            stats=[self.stats[i] for i in indices],
+            ids=self.ids[indices],
+        )
+
+    def choose(self, weights: np.ndarray) -> np.ndarray:
+        """Per utterance the index of the best hypothesis under ``weights`` (in ``feature_names`` order)."""
+        scores = self._x @ np.asarray(weights, dtype=np.float64)
+        scores[self._pad] = -np.inf
+        return scores.argmax(axis=1)  # the first maximum: ties go to the lower rank
+
+    def score(self, chosen: np.ndarray) -> float:
+        """Corpus metric of one chosen hypothesis per utterance."""
+        return self._score(self._s[np.arange(len(self)), chosen].sum(axis=0))
+
+    def evaluate(self, weights: np.ndarray) -> float:
+        return self.score(self.choose(weights))
+
+    def within_list_spread(self) -> np.ndarray:
+        """Per feature the standard deviation around each list's mean: how much it can move a choice."""
+        centred = np.where(self._pad[..., None], 0.0, self._x - _list_means(self._x, self._pad))
+        return np.sqrt((centred**2).sum(axis=(0, 1)) / (~self._pad).sum())
+
+
+@dataclass
+class TuneResult:
+    weights: dict[str, float]
+    metric: str
+    dev_metric: float
+    baseline_metric: float  # of the starting weights (by default: the fixed feature alone)
+    runs: list[tuple[str, int, float]]  # (method, restart, best dev metric of that run)
+    spread: dict[str, float]  # min, mean, max, std of the runs' results
+    fixed: str
+    dev_set: str
+    signature: str
+    settings: dict  # methods, restarts, seed, maxfev: what reproduces the search
+
+
+def tune_weights(
+    dev: TuningSet,
+    fixed: str | None = None,
+    init: Mapping[str, float] | None = None,
+    methods: Sequence[str] = METHODS,
+    restarts: int = 5,
+    seed: int = 0,
+    maxfev: int = 1000,
+) -> TuneResult:
+    """Search the weights that give the best corpus metric on ``dev`` (module docstring for how and why).
+
+    Restart 0 of each method starts from ``init`` (default: ``fixed`` = 1, the rest 0, i.e. the baseline choice);
+    restarts 1.. start from random rescaled weights drawn from N(0, 1) with random search directions.
+    """
+    names = dev.feature_names
+    fixed = names[0] if fixed is None else fixed
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"methods must be some of {METHODS}, got {list(methods)}")
+    start = _start_weights(names, fixed, init)
+    k = names.index(fixed)
+    free = [i for i in range(len(names)) if i != k]
+    spread = dev.within_list_spread()
+    spread[spread == 0] = 1.0  # a feature constant within every list cannot change a choice; any unit will do
+    unit = spread[k] / spread[free]  # weight of one rescaled unit, per free feature
+
+    def weights_of(u: np.ndarray) -> np.ndarray:
+        w = np.zeros(len(names))
+        w[k], w[free] = 1.0, u * unit
+        return w
+
+    sign = -1.0 if metrics.HIGHER_IS_BETTER[dev.metric] else 1.0
+    u0 = np.array([start[names[i]] for i in free]) / unit
+    baseline = dev.evaluate(weights_of(u0))
+    best_u, best_value = u0, baseline
+    runs = []
+    rng = np.random.default_rng(seed)
+    for method in methods:
+        for restart in range(restarts + 1):
+            x0 = u0 if restart == 0 else rng.standard_normal(len(free))
+            u, value = _search(lambda u: sign * dev.evaluate(weights_of(u)), x0, method, rng, maxfev)
+            value = float(sign * value)
+            runs.append((method, restart, value))
+            if sign * value < sign * best_value:
+                best_u, best_value = u, value
+    values = np.array([v for _, _, v in runs])
+    return TuneResult(
+        weights=dict(zip(names, (float(w) for w in weights_of(best_u)), strict=True)),
+        metric=dev.metric,
+        dev_metric=best_value,
+        baseline_metric=baseline,
+        runs=runs,
+        spread={
+            "min": float(values.min()),
+            "mean": float(values.mean()),
+            "max": float(values.max()),
+            "std": float(values.std()),
+        },
+        fixed=fixed,
+        dev_set=dev.name,
+        signature=dev.signature,
+        settings={"methods": list(methods), "restarts": restarts, "seed": seed, "maxfev": maxfev},
+    )
+
+
+def _search(objective, x0: np.ndarray, method: str, rng: np.random.Generator, maxfev: int) -> tuple[np.ndarray, float]:
+    """One scipy run; returns the best point it *evaluated* (kept only when strictly better than the start).
+
+    Steps are one rescaled unit along random orthonormal directions: big enough to leave a plateau. Tolerances are
+    coarse because the objective has no slope to refine on.
+    """
+    best = [x0, objective(x0)]
+
+    def tracked(u: np.ndarray) -> float:
+        value = objective(u)
+        if value < best[1]:
+            best[0], best[1] = np.array(u), value
+        return value
+
+    n = len(x0)
+    directions = np.linalg.qr(rng.standard_normal((n, n)))[0] if n else np.zeros((0, 0))
+    if method == "powell":
+        options = {"direc": directions, "xtol": 1e-3, "ftol": 1e-6, "maxfev": maxfev}
+    else:
+        options = {"initial_simplex": np.vstack([x0, x0 + directions]), "xatol": 1e-3, "fatol": 1e-6, "maxfev": maxfev}
+    if n:
+        minimize(tracked, x0, method=method, options=options)
+    return best[0], best[1]
+
+
+@dataclass
+class Fold:
+    heldout: np.ndarray  # utterance positions held out (never seen by that fold's tuning)
+    weights: dict[str, float]
+    dev_metric: float  # on the other folds, where the weights were tuned
+    heldout_metric: float
+
+
+@dataclass
+class CrossValidation:
+    metric: str
+    heldout_metric: float  # pooled: every utterance chosen by weights tuned without it
+    baseline_metric: float  # the starting weights on the whole set, for comparison
+    chosen: np.ndarray  # per utterance the held-out choice
+    folds: list[Fold]
+
+
+def fold_indices(n: int, k: int, seed: int = 0) -> list[np.ndarray]:
+    """A seeded random partition of range(n) into k folds of near-equal size (each sorted)."""
+    if not 2 <= k <= n:
+        raise ValueError(f"need 2 <= k <= {n} folds, got {k}")
+    return [np.sort(f) for f in np.array_split(np.random.default_rng(seed).permutation(n), k)]
+
+
+def cross_validate(data: TuningSet, k: int = 5, seed: int = 0, **tune_args) -> CrossValidation:
+    """k-fold cross-validation over utterances: for small sets where a separate dev set would leave too little.
+
+    Fold j's weights are tuned on the other k-1 folds only and choose the hypotheses of fold j; the pooled
+    held-out metric over all utterances estimates what tuned weights do on unseen data (the dev metric of
+    ``tune_weights`` on the whole set is optimistic). ``tune_args`` go to ``tune_weights``; fold j searches with
+    seed ``seed + j``."""
+    chosen = np.zeros(len(data), dtype=np.int64)
+    folds = []
+    for j, heldout in enumerate(fold_indices(len(data), k, seed)):
+        train = np.setdiff1d(np.arange(len(data)), heldout)
+        result = tune_weights(data.subset(train, f"{data.name}[not fold {j}]"), seed=seed + j, **tune_args)
+        test = data.subset(heldout, f"{data.name}[fold {j}]")
+        chosen[heldout] = test.choose(np.array([result.weights[f] for f in data.feature_names]))
+        folds.append(Fold(heldout, result.weights, result.dev_metric, test.score(chosen[heldout])))
+    start = _start_weights(data.feature_names, tune_args.get("fixed") or data.feature_names[0], tune_args.get("init"))
+    baseline = data.evaluate(np.array([start[f] for f in data.feature_names]))
+    return CrossValidation(data.metric, data.score(chosen), baseline, chosen, folds)
+
+
+def apply_weights(
+    features: Sequence[np.ndarray], feature_names: Sequence[str], weights: Mapping[str, float]
+) -> np.ndarray:
+    """Per utterance the chosen hypothesis index (ties to the lower rank), e.g. for a test set with tuned weights."""
+    if set(weights) != set(feature_names):
+        raise ValueError(f"weights name {sorted(weights)}, the features are {sorted(feature_names)}")
+    w = np.array([weights[f] for f in feature_names], dtype=np.float64)
+    return metrics.choose([np.asarray(x, dtype=np.float64) @ w for x in features])
+
+
+# -- weights file ------------------------------------------------------------------------------------------------
+
+
+def write_weights(path: str | Path, result: TuneResult) -> None:
+    """Save tuned weights as JSON, atomically (a reader never sees half a file)."""
+    record = {
+        "format": WEIGHTS_FORMAT,
+        "format_version": WEIGHTS_VERSION,
+        "features": list(result.weights),
+        "weights": result.weights,
+        "fixed": result.fixed,
+        "metric": result.metric,
+        "dev_set": result.dev_set,
+        "dev_metric": result.dev_metric,
+        "baseline_metric": result.baseline_metric,
+        "signature": result.signature,
+        "spread": result.spread,
+        "settings": result.settings,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(record, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def read_weights(path: str | Path) -> dict:
+    """Load a weights file, checking the fields a rescoring run relies on."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read weights JSON: {e}") from e
+    if not isinstance(record, dict) or record.get("format") != WEIGHTS_FORMAT:
+        raise ValueError(f"{path}: field 'format' must be {WEIGHTS_FORMAT!r}")
+    if record.get("format_version") != WEIGHTS_VERSION:
+        raise ValueError(
+            f"{path}: field 'format_version' must be {WEIGHTS_VERSION}, got {record.get('format_version')}"
+        )
+    for key in ("features", "weights", "metric", "dev_set", "date"):
+        if key not in record:
+            raise ValueError(f"{path}: missing field {key!r}")
+    weights = record["weights"]
+    if not isinstance(weights, dict) or list(weights) != record["features"]:
+        raise ValueError(f"{path}: field 'weights' must map exactly the names in 'features', in that order")
+    bad = [name for name, w in weights.items() if not isinstance(w, int | float) or not math.isfinite(w)]
+    if bad:
+        raise ValueError(f"{path}: field 'weights': not finite numbers for {bad}")
+    if record["metric"] not in metrics.METRICS:
+        raise ValueError(f"{path}: field 'metric' must be one of {metrics.METRICS}, got {record['metric']!r}")
+    return record
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+
+
+def _check_nbest(name: str, features: Sequence[np.ndarray], nbest: Sequence[Sequence[str]]) -> None:
+    if len(features) != len(nbest):
+        raise ValueError(f"{name}: {len(features)} feature matrices but {len(nbest)} n-best lists")
+    for i, (x, hyps) in enumerate(zip(features, nbest, strict=True)):
+        if not hyps:
+            raise ValueError(f"{name}: utterance {i}: empty n-best list")
+        if len(x) != len(hyps):
+            raise ValueError(f"{name}: utterance {i}: {len(x)} feature rows but {len(hyps)} hypotheses")
+
+
+def _start_weights(names: Sequence[str], fixed: str, init: Mapping[str, float] | None) -> dict[str, float]:
+    """The search's starting point: ``fixed`` = 1, the rest 0, overridden by ``init``."""
+    if fixed not in names:
+        raise ValueError(f"fixed feature {fixed!r} is not one of {tuple(names)}")
+    start = dict.fromkeys(names, 0.0) | {fixed: 1.0} | dict(init or {})
+    if set(start) != set(names) or start[fixed] != 1.0:
+        raise ValueError(f"init must name features of {tuple(names)} and keep {fixed!r} at 1, got {dict(init or {})}")
+    return start
+
+
+def _list_means(x: np.ndarray, pad: np.ndarray) -> np.ndarray:
+    """Per list and feature the mean over real hypotheses, shaped to broadcast against x."""
+    real = (~pad)[..., None]
+    return ((x * real).sum(axis=1) / real.sum(axis=1))[:, None, :]
