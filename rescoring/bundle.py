@@ -33,7 +33,9 @@ created             ISO 8601 time of export
 head                output layer: "full", "adaptive", ...
 normalisation       "exact" or "self-normalised" (above)
 vocab               {"file", "size", "unk", "bos", "eos"}
-text                how text becomes tokens: {"tokenizer": "whitespace", "lowercase": bool}
+text                how the training text became tokens: {"tokenizer": "whitespace", "lowercase": bool}, or a
+                    ``rescoring.textnorm.TextNormalizer`` (``{"tokenizer": "textnorm", ...}``); the scorer
+                    applies it to the text it is given unless the caller passes another normaliser
 model               {"layers", "hidden_size", "embedding_size", "projection_size"}
 graphs              {"sentences", "step", "step_full"}: file names
 opset               ONNX opset of the graphs

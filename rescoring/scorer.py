@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from rescoring.bundle import Bundle, BundleError
+from rescoring.textnorm import TextNormalizer
 
 LN10 = math.log(10)
 UNK, BOS, EOS = 0, 1, 2  # fixed ids of the bundle vocabulary
@@ -80,11 +81,20 @@ class Scorer:
         threads: int = 0,
         providers: Sequence[str] | None = None,
         max_batch_tokens: int = 0,
+        normalizer: TextNormalizer | None = None,
     ):
+        """``normalizer`` turns text into the tokens the model was trained on; by default the bundle's own ``text``
+        settings (what its training text looked like). Pass one (e.g. ``PRESETS["ptb"]``) to score text from
+        another source, such as ASR hypotheses for a PTB model."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
         self.index = {token: i for i, token in enumerate(self.bundle.tokens)}
-        self.lowercase = bool(manifest["text"].get("lowercase", False))
+        if normalizer is None:
+            try:
+                normalizer = TextNormalizer.from_dict(manifest["text"])
+            except ValueError as err:
+                raise BundleError(f"{self.bundle.path / 'manifest.json'}: {err}") from err
+        self.normalizer = normalizer
         self.max_batch_tokens = max_batch_tokens or default_batch_tokens(self.bundle)
         self.stats = ScoringStats()
         options = ort.SessionOptions()
@@ -122,7 +132,7 @@ class Scorer:
 
     def encode(self, text: str) -> tuple[list[str], list[int], int]:
         """Words as the model sees them, their ids (unknown words -> <unk>) and how many were unknown."""
-        words = (text.lower() if self.lowercase else text).split()
+        words = self.normalizer.normalize(text)
         ids = [self.index.get(w, UNK) for w in words]
         return words, ids, ids.count(UNK)
 

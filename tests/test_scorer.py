@@ -14,6 +14,7 @@ from conftest import BUNDLE_HEADS
 from rescoring.bundle import BundleError
 from rescoring.cli import main as rescore_main
 from rescoring.scorer import Scorer
+from rescoring.textnorm import TextNormalizer
 from training.checkpoint import load_model_for_eval
 from training.export import SentencesGraph
 
@@ -89,6 +90,24 @@ def test_lowercasing_follows_the_bundle(bundles, tmp_path):
     lower, plain = Scorer(path, threads=1), Scorer(bundles[("full", 0.0)][1], threads=1)
     assert lower.score(["W1 W2"])[0].logprob == pytest.approx(plain.score(["w1 w2"])[0].logprob)
     assert plain.score(["W1 W2"])[0].oov == 2
+
+
+def test_a_caller_normaliser_replaces_the_bundles(bundles):
+    bundle = bundles[("full", 0.0)][1]
+    upper = Scorer(bundle, threads=1, normalizer=TextNormalizer(case="lower", punctuation="strip"))
+    plain = Scorer(bundle, threads=1)
+    assert upper.encode("W1, W2!")[0] == ["w1", "w2"]
+    assert upper.score(["W1, W2!"])[0].logprob == pytest.approx(plain.score(["w1 w2"])[0].logprob)
+
+
+def test_unknown_text_settings_in_the_manifest_are_a_bundle_error(bundles, tmp_path):
+    path = tmp_path / "badtext"
+    shutil.copytree(bundles[("full", 0.0)][1], path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["text"] = {"tokenizer": "sentencepiece"}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="manifest.json: text section: tokenizer"):
+        Scorer(path, threads=1)
 
 
 def test_graph_that_does_not_fit_the_vocabulary_is_an_error(bundles, tmp_path):
