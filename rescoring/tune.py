@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -39,6 +37,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from rescoring import metrics
+from rescoring.atomic import atomic_write_text
 
 METHODS = ("powell", "nelder-mead")
 WEIGHTS_FORMAT = "lmserve-weights"
@@ -339,17 +338,7 @@ def write_weights(path: str | Path, result: TuneResult) -> None:
         "settings": result.settings,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(record, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
 def read_weights(path: str | Path) -> dict:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import gzip
-import os
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from rescoring.atomic import atomic_write_text
 from rescoring.nbest.model import NBestEntry
 from rescoring.nbest.parsing import NBestFormatError, split_lines
 
@@ -35,23 +34,11 @@ def first_line(path: Path) -> str:
         return ""
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write to a temporary file beside ``path``, then rename it over ``path``: readers see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(temporary, "x", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def write_folder(path: Path, contents: dict[str, str], layout: Iterable[str]) -> None:
     """Write a folder format's files (each atomically), then remove the files of the ``layout`` that this write
     did not produce, left by an earlier write, so that reading the folder back gives what was written."""
     for name, text in contents.items():
-        write_atomically(path / name, text)
+        atomic_write_text(path / name, text)
     for name in layout:
         if name not in contents:
             (path / name).unlink(missing_ok=True)

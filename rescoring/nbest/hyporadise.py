@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rescoring.nbest.files import attach_references, read_text, write_atomically
+from rescoring.atomic import atomic_write_text
+from rescoring.nbest.files import attach_references, read_text
 from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from rescoring.nbest.parsing import NBestFormatError, json_number
 
@@ -72,4 +73,4 @@ def write(nbest: NBestList, path: Path) -> None:
         if entry.hypotheses and all("score" in hyp.features for hyp in entry.hypotheses):
             item["score"] = [hyp.features["score"] for hyp in entry.hypotheses]
         items.append(item)
-    write_atomically(path, json.dumps(items, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(items, indent=2, ensure_ascii=False) + "\n")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rescoring.nbest.files import attach_references, read_text, write_atomically
+from rescoring.atomic import atomic_write_text
+from rescoring.nbest.files import attach_references, read_text
 from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from rescoring.nbest.parsing import NBestFormatError, json_number, split_lines
 
@@ -72,4 +73,4 @@ def write(nbest: NBestList, path: Path) -> None:
         if entry.source is not None:
             item["source"] = entry.source
         lines.append(json.dumps(item, ensure_ascii=False) + "\n")
-    write_atomically(path, "".join(lines))
+    atomic_write_text(path, "".join(lines))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rescoring.nbest.files import attach_references, first_line, read_text, write_atomically
+from rescoring.atomic import atomic_write_text
+from rescoring.nbest.files import attach_references, first_line, read_text
 from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from rescoring.nbest.parsing import NBestFormatError, parse_number, split_lines, to_number
 
@@ -100,4 +101,4 @@ def write(nbest: NBestList, path: Path) -> None:
             features = " ".join(f"{name}={value!r}" for name, value in hyp.features.items() if name != "total")
             total = f" ||| {hyp.features['total']!r}" if "total" in hyp.features else ""
             lines.append(f"{entry.id if numbered else i} ||| {hyp.text} ||| {features}{total}\n")
-    write_atomically(path, "".join(lines))
+    atomic_write_text(path, "".join(lines))
