@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint demo clean
+.PHONY: setup kenlm test lint demo clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch is pinned to the CPU build 2.13.0 in pyproject.toml.
 $(STAMP): pyproject.toml
@@ -12,7 +12,32 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) kenlm
+
+# KenLM's lmplz (estimates ARPA models) and build_binary, compiled from the PyPI kenlm source package, whose Python
+# module only queries. The source is the version the venv's kenlm module was built from, so both read the same binary
+# format. Idempotent: nothing happens once both binaries exist, and apt runs only when a build dependency is missing.
+# pip's --no-binary names kenlm alone (with :all: pip would compile cmake, a kenlm build requirement, from source), and
+# --no-build-isolation reuses the venv's setuptools, so fetching the source needs no other package.
+KENLM := .cache/kenlm
+KENLM_DEBS := libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev \
+	zlib1g-dev libbz2-dev liblzma-dev cmake
+
+kenlm: $(KENLM)/bin/lmplz $(KENLM)/bin/build_binary
+
+$(KENLM)/bin/lmplz $(KENLM)/bin/build_binary &: | $(STAMP)
+	dpkg -s $(KENLM_DEBS) >/dev/null 2>&1 || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(KENLM_DEBS); }
+	rm -rf $(KENLM)/src $(KENLM)/build
+	$(PY) -m pip download --quiet --no-deps --no-binary kenlm --no-build-isolation --dest $(KENLM)/src \
+		"kenlm==$$($(PY) -c 'import importlib.metadata as m; print(m.version("kenlm"))')"
+	tar -xzf $(KENLM)/src/kenlm-*.tar.gz -C $(KENLM)/src
+	cmake -S $(KENLM)/src/kenlm-*/ -B $(KENLM)/build -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(KENLM)/build --target lmplz build_binary -j2
+	mkdir -p $(KENLM)/bin
+	cp $(KENLM)/build/bin/lmplz $(KENLM)/build/bin/build_binary $(KENLM)/bin/
 
 lint: setup
 	$(PY) -m ruff check training rescoring server benchmarks tests
@@ -33,4 +58,4 @@ demo: setup
 	zcat "$(DATA)/ptb/ptb.test.txt.gz" | head -3 | $(VENV)/bin/lm-rescore score --lm var/bundles/demo --per-token
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .cache var .pytest_cache .ruff_cache *.egg-info

@@ -1,25 +1,45 @@
-"""lm-rescore: score sentences with a model bundle (n-best/k-best rescoring arrives with its issue)."""
+"""lm-rescore: score sentences with a model bundle; build and query KenLM n-grams (n-best/k-best rescoring arrives with
+its issue)."""
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import math
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import BinaryIO
 
 from rescoring.bundle import BundleError
+from rescoring.ngram import LN10, NgramError, NgramLM, build_ngram
+
+
+def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
+    """Lines of a binary stream as text, one at a time (corpora need not fit in memory); bad UTF-8 is an error naming
+    the line."""
+    for lineno, raw in enumerate(stream, 1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
 
 
 def read_lines(stream: BinaryIO, name: str) -> list[str]:
-    """Lines of a binary stream as text; bad UTF-8 is an error naming the line."""
-    lines = []
-    for lineno, raw in enumerate(stream, 1):
-        try:
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
-    return lines
+    return list(iter_lines(stream, name))
+
+
+def _tokenised(paths: list[str], lowercase: bool) -> Iterator[list[str]]:
+    """Whitespace-split lines of plain or gzipped text files; blank lines are skipped, not taken as empty sentences
+    (which would inflate p(</s> | <s>))."""
+    for path in paths:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+            for line in iter_lines(f, path):
+                words = (line.lower() if lowercase else line).split()
+                if words:
+                    yield words
 
 
 def _score(args) -> int:
@@ -59,6 +79,45 @@ def _score(args) -> int:
     return 0
 
 
+def _ngram_build(args) -> int:
+    for path in args.text:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such text file")
+    start = time.perf_counter()
+    info = build_ngram(
+        _tokenised(args.text, args.lowercase),
+        args.order,
+        args.out,
+        prune=args.prune,
+        binary=not args.no_binary,
+        discount_fallback=args.discount_fallback,
+        memory=args.memory,
+    )
+    info.update(text=args.text, lowercase=args.lowercase, seconds=round(time.perf_counter() - start, 2))
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def _ngram_query(args) -> int:
+    lm = NgramLM(args.lm)
+    total = tokens = oovs = sentences = 0
+    for line in iter_lines(sys.stdin.buffer, "<stdin>"):
+        words = (line.lower() if args.lowercase else line).split()
+        score, oov = lm.score(words), lm.oov(words)
+        print(f"{score:.6f}\t{score / LN10:.6f}\t{oov}")
+        total += score
+        tokens += len(words) + 1
+        oovs += oov
+        sentences += 1
+    ppl = math.exp(-total / tokens) if tokens else float("nan")
+    print(
+        f"lm-rescore: {sentences} sentences, {tokens} tokens (with </s>), {oovs} OOV words scored as <unk>; "
+        f"total ln {total:.4f}, log10 {total / LN10:.4f}; perplexity {ppl:.2f} ({lm.order}-gram {args.lm})",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lm-rescore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +129,26 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--format", choices=("text", "jsonl"), default="text")
     score.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
     score.set_defaults(func=_score)
+
+    ngram = sub.add_parser("ngram", help="KenLM n-gram models: build with lmplz (`make kenlm`), query").add_subparsers(
+        dest="ngram_command", required=True
+    )
+    build = ngram.add_parser("build", help="estimate a modified Kneser-Ney n-gram: MODEL.arpa and MODEL.bin")
+    build.add_argument("--order", type=int, required=True, help="n-gram order, e.g. 3 or 5")
+    build.add_argument("--text", nargs="+", required=True, help="training text, plain or .gz, one sentence per line")
+    build.add_argument("--out", required=True, help="model path without extension (a .arpa or .bin one is dropped)")
+    build.add_argument("--prune", type=int, nargs="+", help="count threshold per order, e.g. 0 1 1 (lmplz --prune)")
+    build.add_argument("--no-binary", action="store_true", help="write the ARPA file only, no KenLM binary")
+    build.add_argument("--lowercase", action="store_true", help="lowercase the text before splitting on whitespace")
+    build.add_argument(
+        "--discount-fallback", action="store_true", help="fixed discounts where lmplz cannot estimate them (tiny text)"
+    )
+    build.add_argument("--memory", default="1G", help="lmplz sort memory, e.g. 4G or 30%% (default: %(default)s)")
+    build.set_defaults(func=_ngram_build)
+    query = ngram.add_parser("query", help="per input line: ln score, log10 score and OOV count (tab-separated)")
+    query.add_argument("--lm", required=True, help="ARPA (plain or .gz) or KenLM binary model")
+    query.add_argument("--lowercase", action="store_true", help="lowercase each line before splitting on whitespace")
+    query.set_defaults(func=_ngram_query)
     return parser
 
 
@@ -77,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (BundleError, ValueError, FileNotFoundError) as e:
+    except (BundleError, NgramError, ValueError, FileNotFoundError) as e:
         print(f"lm-rescore: error: {e}", file=sys.stderr)
         return 2
 
