@@ -77,6 +77,7 @@ class GraphSet:
 
     def run(self, kind: str, sentences: list[list[int]]) -> None:
         session = self.sessions[kind]
+        wanted = {i.name for i in session.get_inputs()}  # the LSTM-only graph has no use for (and no) target_ids
         for batch in batches(sentences):
             steps = max(len(s) for s in batch) + 1
             inputs = np.full((len(batch), steps), 2, dtype=np.int64)
@@ -86,7 +87,8 @@ class GraphSet:
                 inputs[row, 1 : len(ids) + 1] = ids
                 targets[row, : len(ids)] = ids
             lengths = np.array([len(s) + 1 for s in batch], dtype=np.int64)
-            session.run(None, {"input_ids": inputs, "target_ids": targets, "lengths": lengths})
+            feed = {"input_ids": inputs, "target_ids": targets, "lengths": lengths}
+            session.run(None, {name: value for name, value in feed.items() if name in wanted})
 
     def flops_per_token(self) -> dict[str, float]:
         """Multiply-adds x 2 of the matrix products per scored token (elementwise work is left out)."""

@@ -1,5 +1,5 @@
-"""lm-rescore: score sentences with a model bundle; build and query KenLM n-grams (n-best/k-best rescoring arrives with
-its issue)."""
+"""lm-rescore: score sentences with a model bundle; build and query KenLM n-grams; tune weights on dev n-best/k-best
+lists and rerank lists with them (``tune``, ``nbest``: ``rescoring/rescore_cli.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from rescoring import rescore_cli
 from rescoring.bundle import BundleError
 from rescoring.ngram import LN10, NgramError, NgramLM, build_ngram
 
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--lm", required=True, help="ARPA (plain or .gz) or KenLM binary model")
     query.add_argument("--lowercase", action="store_true", help="lowercase each line before splitting on whitespace")
     query.set_defaults(func=_ngram_query)
+    rescore_cli.add_commands(sub)
     return parser
 
 

@@ -321,8 +321,10 @@ def apply_weights(
 # -- weights file ------------------------------------------------------------------------------------------------
 
 
-def write_weights(path: str | Path, result: TuneResult) -> None:
-    """Save tuned weights as JSON, atomically (a reader never sees half a file)."""
+def write_weights(path: str | Path, result: TuneResult, setup: Mapping | None = None, **extra) -> None:
+    """Save tuned weights as JSON, atomically (a reader never sees half a file). ``setup``: what else a rescoring run
+    needs to reproduce the choice (models, definitions, λ: ``rescoring.rescore.setup_record``); ``extra``: more
+    fields for the record (cross-validation results, ...)."""
     record = {
         "format": WEIGHTS_FORMAT,
         "format_version": WEIGHTS_VERSION,
@@ -336,6 +338,8 @@ def write_weights(path: str | Path, result: TuneResult) -> None:
         "signature": result.signature,
         "spread": result.spread,
         "settings": result.settings,
+        "setup": dict(setup or {}),
+        **extra,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")

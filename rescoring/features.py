@@ -1,0 +1,120 @@
+"""The features a rescoring weight vector combines, per hypothesis, as one matrix per utterance.
+
+Names a weights file or a command line can use:
+
+- any feature the list carries (``decoder``, ``ctc``, ``lm``, ``score`` for ESPnet; ``lm_0``, ``tm_pt_3``,
+  ``WordPenalty``, ``total`` for Joshua; ...). A feature that a hypothesis lacks is 0: Moses lists are sparse
+  (Joshua writes ``OOVPenalty`` only when it is not 0);
+- ``neural``: the neural LM's log-probability of the sentence (natural log, words and ``</s>``);
+- ``ngram``: the n-gram's, on the same tokens;
+- ``interp``: per-word linear interpolation, Σ log(λ·p_neural + (1 − λ)·p_ngram) with the one weight λ;
+- ``length``: words in the hypothesis as written; ``oov``: words the LM did not know;
+- a *definition*, ``name=0.6*decoder+0.4*ctc``: a fixed linear combination of the above, e.g. ESPnet's acoustic score,
+  so that the tuned weight scales the combination as a whole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from rescoring.lmscores import HypothesisScores
+from rescoring.nbest import NBestList
+
+LM_FEATURES = ("neural", "ngram", "interp", "oov", "length")
+NEEDS_LM = LM_FEATURES[:4]
+_TERM = re.compile(r"\s*([+-]?)\s*(?:(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)\s*\*\s*)?([A-Za-z_][\w.-]*)\s*")
+
+
+def parse_definition(text: str) -> tuple[str, dict[str, float]]:
+    """``"am=0.6*decoder+0.4*ctc"`` -> ``("am", {"decoder": 0.6, "ctc": 0.4})``."""
+    name, sep, expression = text.partition("=")
+    name = name.strip()
+    if not sep or not re.fullmatch(r"[A-Za-z_][\w.-]*", name):
+        raise ValueError(f"feature definition {text!r}: expected NAME=EXPRESSION, e.g. am=0.6*decoder+0.4*ctc")
+    terms: dict[str, float] = {}
+    position = 0
+    while position < len(expression):
+        match = _TERM.match(expression, position)
+        if not match or match.end() == position or (terms and not match.group(1)):
+            raise ValueError(
+                f"feature definition {text!r}: cannot read {expression[position:]!r}; "
+                "expected terms like 0.6*decoder joined by + or -"
+            )
+        sign = -1.0 if match.group(1) == "-" else 1.0
+        coefficient = float(match.group(2)) if match.group(2) else 1.0
+        terms[match.group(3)] = terms.get(match.group(3), 0.0) + sign * coefficient
+        position = match.end()
+    if not terms:
+        raise ValueError(f"feature definition {text!r}: the expression is empty")
+    return name, terms
+
+
+def check_features(
+    nbest: NBestList,
+    names: Sequence[str],
+    definitions: Mapping[str, Mapping[str, float]],
+    lam: float | None,
+    have_lm_scores: bool,
+) -> None:
+    """Fail early, before any model runs, on a name nothing provides or an LM feature without its LM."""
+    carried = set(nbest.feature_names())
+    for name in [*names, *(t for d in definitions.values() for t in d)]:
+        if name not in carried and name not in LM_FEATURES and name not in definitions:
+            raise ValueError(
+                f"{nbest.name or 'n-best list'}: unknown feature {name!r}; the list carries {sorted(carried)}, "
+                f"the LMs give {list(LM_FEATURES)}, definitions give {sorted(definitions)}"
+            )
+        if name in NEEDS_LM and not have_lm_scores:
+            raise ValueError(f"feature {name!r} needs LM scores (a neural LM bundle and/or an n-gram)")
+    if ("interp" in names or any("interp" in d for d in definitions.values())) and lam is None:
+        raise ValueError("feature 'interp' needs the interpolation weight λ")
+
+
+def feature_matrices(
+    nbest: NBestList,
+    names: Sequence[str],
+    lm_scores: Sequence[Sequence[HypothesisScores]] | None = None,
+    definitions: Mapping[str, Mapping[str, float]] | None = None,
+    lam: float | None = None,
+) -> list[np.ndarray]:
+    """Per utterance a float64 matrix [hypotheses, len(names)]."""
+    definitions = dict(definitions or {})
+    check_features(nbest, names, definitions, lam, lm_scores is not None)
+
+    def base(name: str, hyp, scores: HypothesisScores | None) -> float:
+        if name == "neural":
+            return _sum(scores.neural, name)
+        if name == "ngram":
+            return _sum(scores.ngram, name)
+        if name == "interp":
+            return float(scores.interpolated(lam).sum())
+        if name == "length":
+            return float(len(hyp.text.split()))
+        if name == "oov":
+            return float(scores.oov)
+        return float(hyp.features.get(name, 0.0))
+
+    def value(name: str, hyp, scores: HypothesisScores | None) -> float:
+        if name in definitions:
+            return sum(c * base(term, hyp, scores) for term, c in definitions[name].items())
+        return base(name, hyp, scores)
+
+    matrices = []
+    for i, entry in enumerate(nbest):
+        row_scores = lm_scores[i] if lm_scores is not None else [None] * len(entry.hypotheses)
+        matrices.append(
+            np.array(
+                [[value(n, h, s) for n in names] for h, s in zip(entry.hypotheses, row_scores, strict=True)],
+                dtype=np.float64,
+            ).reshape(len(entry.hypotheses), len(names))
+        )
+    return matrices
+
+
+def _sum(token_scores: np.ndarray | None, name: str) -> float:
+    if token_scores is None:
+        raise ValueError(f"feature {name!r}: that LM was not given")
+    return float(token_scores.sum())

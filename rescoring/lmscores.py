@@ -1,0 +1,176 @@
+"""Per-token scores of every hypothesis of an n-best list under the neural LM and the n-gram, computed once, cached.
+
+Rescoring features (sentence log-probabilities, their per-word interpolation for any λ, OOV counts) are all functions
+of these per-token scores, so tuning, λ sweeps and reports read the cache and never run a model again.
+
+Both models see the same tokens: the hypothesis text through the normaliser, words outside the neural vocabulary
+replaced by ``<unk>`` for the n-gram too. Per-word interpolation is then a mixture of two distributions over the same
+events (the neural vocabulary plus ``</s>``), so its perplexity is a true perplexity. Token scores are natural logs,
+one per word and one for ``</s>``.
+
+Cache file (JSONL): a header line ``{"format": "lmserve-lmscores", "format_version": 1, "key": {...}}`` where the key
+fingerprints the lists' texts, the bundle's files, the n-gram file and the normaliser; then one line per entry:
+``{"id", "hypotheses": [{"neural": [...], "ngram": [...], "oov": n}]}``. A cache whose key differs is recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from rescoring.atomic import atomic_write_lines
+from rescoring.nbest import NBestList
+from rescoring.ngram import NgramLM
+from rescoring.scorer import UNK, Scorer, SentenceScore
+from rescoring.textnorm import TextNormalizer
+
+FORMAT = "lmserve-lmscores"
+FORMAT_VERSION = 1
+UNK_WORD = "<unk>"
+
+
+@dataclass
+class HypothesisScores:
+    neural: np.ndarray | None  # natural log per word and </s>; None without a neural LM
+    ngram: np.ndarray | None  # the same positions under the n-gram; None without one
+    oov: int  # words outside the neural vocabulary (or the n-gram's, without a neural LM)
+
+    def interpolated(self, lam: float) -> np.ndarray:
+        """log(λ·p_neural + (1 − λ)·p_ngram) per token: per-word linear interpolation of true probabilities."""
+        if self.neural is None or self.ngram is None:
+            raise ValueError("interpolation needs both a neural LM and an n-gram")
+        if not 0.0 < lam < 1.0:
+            raise ValueError(f"interpolation weight λ must be in (0, 1), got {lam}")
+        return np.logaddexp(np.log(lam) + self.neural, np.log1p(-lam) + self.ngram)
+
+
+def cache_key(
+    nbest: NBestList, scorer: Scorer | None, ngram: NgramLM | None, normalizer: TextNormalizer
+) -> dict[str, str | None]:
+    texts = hashlib.sha256()
+    for entry in nbest:
+        texts.update(entry.id.encode() + b"\0")
+        for hyp in entry.hypotheses:
+            texts.update(hyp.text.encode() + b"\n")
+    return {
+        "texts": texts.hexdigest(),
+        "neural": None if scorer is None else json.dumps(scorer.bundle.manifest["files"], sort_keys=True),
+        "ngram": None if ngram is None else ngram.fingerprint,
+        "normalizer": json.dumps(normalizer.to_dict(), sort_keys=True),
+    }
+
+
+def compute(
+    nbest: NBestList,
+    scorer: Scorer | None,
+    ngram: NgramLM | None,
+    normalizer: TextNormalizer,
+    progress: bool = False,
+    lists_per_call: int = 64,
+) -> list[list[HypothesisScores]]:
+    """Score every hypothesis; the neural LM shares prefixes within each list (``Scorer.score_nbest``).
+
+    ``scorer`` must use ``normalizer`` (``Scorer(..., normalizer=...)``): its words are what the n-gram scores."""
+    if scorer is None and ngram is None:
+        raise ValueError("nothing to score with: give a neural LM bundle, an n-gram, or both")
+    if scorer is not None and scorer.normalizer != normalizer:
+        raise ValueError("the scorer normalises text differently from the n-gram: give both the same normaliser")
+    out: list[list[HypothesisScores]] = []
+    entries = nbest.entries
+    with tqdm(total=len(entries), desc="LM scores", unit="list", disable=not progress) as bar:
+        for start in range(0, len(entries), lists_per_call):
+            chunk = entries[start : start + lists_per_call]
+            texts = [[h.text for h in e.hypotheses] for e in chunk]
+            if scorer is None:
+                for hyps in texts:
+                    words = [normalizer.normalize(t) for t in hyps]
+                    out.append([HypothesisScores(None, ngram.token_logprobs(w), ngram.oov(w)) for w in words])
+            else:
+                for scored in scorer.score_nbest(texts):
+                    out.append(
+                        [
+                            HypothesisScores(
+                                neural=s.token_logprobs.astype(np.float64),
+                                ngram=None if ngram is None else ngram.token_logprobs(_as_neural_vocab(s, scorer)),
+                                oov=s.oov,
+                            )
+                            for s in scored
+                        ]
+                    )
+            bar.update(len(chunk))
+    return out
+
+
+def _as_neural_vocab(score: SentenceScore, scorer: Scorer) -> list[str]:
+    """The words the neural LM saw, its unknown words as ``<unk>``: the n-gram's view of the same events."""
+    return [w if w in scorer.index and scorer.index[w] != UNK else UNK_WORD for w in score.words]
+
+
+def load_or_compute(
+    cache: Path | None,
+    nbest: NBestList,
+    scorer: Scorer | None,
+    ngram: NgramLM | None,
+    normalizer: TextNormalizer,
+    progress: bool = False,
+) -> list[list[HypothesisScores]]:
+    """The cached scores when ``cache`` holds them for exactly these lists, models and normaliser; else compute and
+    (with ``cache``) write them."""
+    key = cache_key(nbest, scorer, ngram, normalizer)
+    if cache is not None and cache.exists():
+        cached = read_cache(cache, key)
+        if cached is not None:
+            return cached
+    scores = compute(nbest, scorer, ngram, normalizer, progress=progress)
+    if cache is not None:
+        write_cache(cache, key, nbest, scores)
+    return scores
+
+
+def write_cache(path: Path, key: dict, nbest: NBestList, scores: list[list[HypothesisScores]]) -> None:
+    def array(x: np.ndarray | None) -> list[float] | None:
+        return None if x is None else [float(f"{v:.7g}") for v in x]
+
+    def lines() -> Iterable[str]:
+        yield json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "key": key})
+        for entry, row in zip(nbest, scores, strict=True):
+            hyps = [{"neural": array(h.neural), "ngram": array(h.ngram), "oov": h.oov} for h in row]
+            yield json.dumps({"id": entry.id, "hypotheses": hyps})
+
+    atomic_write_lines(path, lines())
+
+
+def read_cache(path: Path, key: dict) -> list[list[HypothesisScores]] | None:
+    """The cached scores, or None when the cache was made for other lists, models or settings."""
+    with path.open(encoding="utf-8") as f:
+        try:
+            header = json.loads(f.readline())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:1: not a JSON header line ({err})") from err
+        if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}:1: expected a {FORMAT} v{FORMAT_VERSION} header, got {header}")
+        if header.get("key") != key:
+            return None
+        out = []
+        for number, line in enumerate(f, start=2):
+            try:
+                record = json.loads(line)
+                out.append(
+                    [
+                        HypothesisScores(
+                            neural=None if h["neural"] is None else np.array(h["neural"]),
+                            ngram=None if h["ngram"] is None else np.array(h["ngram"]),
+                            oov=int(h["oov"]),
+                        )
+                        for h in record["hypotheses"]
+                    ]
+                )
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}:{number}: malformed cache line ({err!r})") from err
+    return out

@@ -1,0 +1,264 @@
+"""The rescoring job: language models + hypothesis lists -> features -> tuned weights -> reranked lists and a report.
+
+``lm-rescore tune`` and ``lm-rescore nbest`` are thin over this module, and so are the benchmarks; the gRPC service
+uses the same ``LanguageModels`` and ``rerank``.
+
+A *setup* is everything that turns a list into a choice besides the list itself: which LMs, how their input text is
+normalised, which features with which definitions, the interpolation weight λ and the weights. ``tune`` produces one
+(saved as a weights file), ``rerank`` applies one; a weights file therefore reproduces a rescoring run exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rescoring import metrics
+from rescoring.features import feature_matrices, parse_definition
+from rescoring.lmscores import load_or_compute
+from rescoring.nbest import Hypothesis, NBestEntry, NBestList
+from rescoring.ngram import NgramLM
+from rescoring.scorer import Scorer
+from rescoring.textnorm import PRESETS, TextNormalizer
+from rescoring.tune import TuningSet, cross_validate, tune_weights
+
+RESCORE_FEATURE = "rescore"  # the combined score, added to every hypothesis of a reranked list
+
+
+@dataclass
+class LanguageModels:
+    """A neural LM bundle and/or an n-gram, loaded once, and the normaliser that turns hypotheses into their tokens."""
+
+    scorer: Scorer | None
+    ngram: NgramLM | None
+    normalizer: TextNormalizer
+    paths: dict[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def load(
+        cls, lm: str | Path | None, ngram: str | Path | None, normalize: str | None = None, threads: int = 0
+    ) -> LanguageModels:
+        """``normalize``: a preset of ``rescoring.textnorm.PRESETS``; by default the bundle's own text settings."""
+        if normalize is not None and normalize not in PRESETS:
+            raise ValueError(f"unknown text normalisation {normalize!r}; expected one of {sorted(PRESETS)}")
+        scorer = None
+        if lm is not None:
+            scorer = Scorer(lm, threads=threads, normalizer=PRESETS[normalize] if normalize else None)
+        normalizer = scorer.normalizer if scorer is not None else PRESETS[normalize or "none"]
+        return cls(
+            scorer,
+            NgramLM(ngram) if ngram is not None else None,
+            normalizer,
+            {
+                "lm": None if lm is None else str(lm),
+                "ngram": None if ngram is None else str(ngram),
+                "normalize": normalize,
+            },
+        )
+
+    def scores(self, nbest: NBestList, cache: Path | None = None, progress: bool = False):
+        if self.scorer is None and self.ngram is None:
+            return None
+        return load_or_compute(cache, nbest, self.scorer, self.ngram, self.normalizer, progress=progress)
+
+
+@dataclass
+class Setup:
+    features: list[str]
+    definitions: dict[str, dict[str, float]] = field(default_factory=dict)
+    lam: float | None = None
+    weights: dict[str, float] | None = None
+
+    @classmethod
+    def parse(cls, features: str | Sequence[str], definitions: Sequence[str] = (), lam: float | None = None) -> Setup:
+        names = [f.strip() for f in features.split(",")] if isinstance(features, str) else list(features)
+        if not names or not all(names):
+            raise ValueError(f"--features: expected comma-separated feature names, got {features!r}")
+        return cls(names, dict(parse_definition(d) for d in definitions), lam)
+
+    def matrices(self, nbest: NBestList, lm_scores) -> list[np.ndarray]:
+        return feature_matrices(nbest, self.features, lm_scores, self.definitions, self.lam)
+
+    def choose(self, nbest: NBestList, lm_scores) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Per utterance the chosen hypothesis (ties to the lower rank) and every hypothesis' combined score."""
+        if self.weights is None:
+            raise ValueError("this setup has no weights: tune it first")
+        w = np.array([self.weights[f] for f in self.features])
+        combined = [x @ w for x in self.matrices(nbest, lm_scores)]
+        return metrics.choose(combined), combined
+
+
+# -- evaluation ----------------------------------------------------------------------------------------------------
+
+
+def references_of(nbest: NBestList, metric: str) -> list[str] | list[list[str]]:
+    """WER: one reference per utterance. BLEU: sacrebleu's layout, one list per reference set."""
+    missing = [e.id for e in nbest if not e.references]
+    if missing:
+        raise ValueError(
+            f"{nbest.name}: {len(missing)} entries have no reference (first: {missing[0]!r}); give --references"
+        )
+    if metric == "wer":
+        many = [e.id for e in nbest if len(e.references) != 1]
+        if many:
+            raise ValueError(f"{nbest.name}: WER needs one reference per utterance; {many[0]!r} has several")
+        return [e.references[0] for e in nbest]
+    count = len(nbest.entries[0].references)
+    uneven = [e.id for e in nbest if len(e.references) != count]
+    if uneven:
+        raise ValueError(f"{nbest.name}: every sentence needs {count} references; {uneven[0]!r} differs")
+    return [[e.references[k] for e in nbest] for k in range(count)]
+
+
+def tuning_set(nbest: NBestList, setup: Setup, lm_scores, metric: str) -> TuningSet:
+    texts = [[h.text for h in e.hypotheses] for e in nbest]
+    matrices = setup.matrices(nbest, lm_scores)
+    refs = references_of(nbest, metric)
+    if metric == "wer":
+        return TuningSet.from_wer(nbest.name, setup.features, matrices, refs, texts)
+    return TuningSet.from_bleu(nbest.name, setup.features, matrices, refs, texts)
+
+
+@dataclass
+class Tuned:
+    setup: Setup
+    result: object  # rescoring.tune.TuneResult of the chosen λ
+    by_lambda: dict[float | None, float]  # dev metric per λ tried
+    cross_validation: dict | None = None
+
+
+def tune(
+    nbest: NBestList,
+    setup: Setup,
+    lm_scores,
+    metric: str,
+    fixed: str | None = None,
+    lambdas: Sequence[float] = (0.5,),
+    folds: int = 0,
+    **tune_args,
+) -> Tuned:
+    """Tune weights on ``nbest`` (a dev set: never the test set), trying each λ when ``interp`` is used.
+
+    With ``folds`` > 1 the reported held-out figure comes from k-fold cross-validation (weights tuned without the fold
+    they choose for); the returned weights are then tuned on the whole set, for use on other data.
+    """
+    uses_interp = "interp" in setup.features or any("interp" in d for d in setup.definitions.values())
+    best = None
+    by_lambda = {}
+    for lam in lambdas if uses_interp else [None]:
+        trial = Setup(setup.features, setup.definitions, lam)
+        data = tuning_set(nbest, trial, lm_scores, metric)
+        result = tune_weights(data, fixed=fixed, **tune_args)
+        by_lambda[lam] = result.dev_metric
+        better = best is None or (
+            result.dev_metric > best[1].dev_metric
+            if metrics.HIGHER_IS_BETTER[metric]
+            else result.dev_metric < best[1].dev_metric
+        )
+        if better:
+            best = (trial, result, data)
+    trial, result, data = best
+    trial.weights = result.weights
+    cv = None
+    if folds > 1:
+        cv_result = cross_validate(data, k=folds, fixed=fixed, **tune_args)
+        cv = {
+            "folds": folds,
+            "heldout_metric": cv_result.heldout_metric,
+            "baseline_metric": cv_result.baseline_metric,
+            "fold_metrics": [f.heldout_metric for f in cv_result.folds],
+            "fold_weights": [f.weights for f in cv_result.folds],
+            "chosen": cv_result.chosen.tolist(),
+        }
+    return Tuned(trial, result, by_lambda, cv)
+
+
+def report(nbest: NBestList, chosen: Sequence[int], metric: str, bootstrap_samples: int = 1000) -> dict:
+    """1-best (the decoder's first), rescored and oracle side by side, and a paired bootstrap of rescored vs 1-best."""
+    refs = references_of(nbest, metric)
+    texts = [[h.text for h in e.hypotheses] for e in nbest]
+    first = metrics.pick(texts, np.zeros(len(texts), dtype=np.int64))
+    rescored = metrics.pick(texts, chosen)
+    if metric == "wer":
+        oracle = metrics.pick(texts, metrics.oracle_wer(refs, texts))
+        rows = {
+            name: metrics.wer_report(refs, hyps)
+            for name, hyps in (("1best", first), ("rescored", rescored), ("oracle", oracle))
+        }
+    else:
+        oracle = metrics.pick(texts, metrics.oracle_bleu(refs, texts))
+        rows = {
+            name: metrics.bleu_report(refs, hyps)
+            for name, hyps in (("1best", first), ("rescored", rescored), ("oracle", oracle))
+        }
+    bootstrap = metrics.paired_bootstrap(metric, refs, first, rescored, samples=bootstrap_samples)
+    changed = int(np.count_nonzero(np.asarray(chosen) != 0))
+    return {
+        "list": nbest.name,
+        "metric": metric,
+        "utterances": len(nbest),
+        "hypotheses": nbest.num_hypotheses,
+        "changed_choices": changed,
+        **rows,
+        "bootstrap": bootstrap,
+    }
+
+
+def format_report(rep: dict) -> str:
+    """The human-readable table printed by ``lm-rescore nbest``."""
+    metric = rep["metric"]
+    key = "wer" if metric == "wer" else "score"
+    lines = [f"{rep['list']}: {rep['utterances']} utterances, {rep['hypotheses']} hypotheses", ""]
+    if metric == "wer":
+        lines.append(f"{'':10} {'WER %':>7} {'sub':>6} {'del':>6} {'ins':>6}")
+        for name in ("1best", "rescored", "oracle"):
+            r = rep[name]
+            lines.append(f"{name:10} {r[key]:7.2f} {r['substitutions']:6d} {r['deletions']:6d} {r['insertions']:6d}")
+    else:
+        lines.append(f"{'':10} {'BLEU':>7}")
+        for name in ("1best", "rescored", "oracle"):
+            lines.append(f"{name:10} {rep[name][key]:7.2f}")
+    b = rep["bootstrap"]
+    lines += [
+        "",
+        f"rescored vs 1-best: {b['delta']:+.2f}, 95% interval [{b['delta_ci95'][0]:+.2f}, {b['delta_ci95'][1]:+.2f}], "
+        f"p = {b['p_value']:.4f} (paired bootstrap, {b['samples']} samples); {rep['changed_choices']} choices changed",
+        rep["1best"]["signature"],
+    ]
+    return "\n".join(lines)
+
+
+def reranked(nbest: NBestList, setup: Setup, lm_scores) -> NBestList:
+    """The lists with our features added and each list sorted by the combined score (stable: ties keep rank)."""
+    _, combined = setup.choose(nbest, lm_scores)
+    matrices = setup.matrices(nbest, lm_scores)
+    entries = []
+    for entry, x, scores in zip(nbest, matrices, combined, strict=True):
+        order = np.argsort(-scores, kind="stable")
+        hyps = []
+        for k in order:
+            h = entry.hypotheses[k]
+            added = dict(zip(setup.features, (float(v) for v in x[k]), strict=True))
+            hyps.append(
+                Hypothesis(h.text, {**h.features, **added, RESCORE_FEATURE: float(scores[k])}, h.rank or int(k) + 1)
+            )
+        entries.append(NBestEntry(entry.id, hyps, list(entry.references), entry.source))
+    return NBestList(entries, nbest.name)
+
+
+def setup_record(models: LanguageModels, setup: Setup) -> dict:
+    """What a weights file stores besides the weights, so that ``lm-rescore nbest`` can rebuild the setup."""
+    return {**models.paths, "definitions": setup.definitions, "lambda": setup.lam}
+
+
+def setup_from_record(record: Mapping) -> Setup:
+    rescoring = record.get("setup", {})
+    return Setup(
+        list(record["features"]),
+        {k: dict(v) for k, v in rescoring.get("definitions", {}).items()},
+        rescoring.get("lambda"),
+        dict(record["weights"]),
+    )

@@ -1,0 +1,138 @@
+"""``lm-rescore tune`` and ``lm-rescore nbest``: the batch rescoring job on the command line (``rescoring.rescore``).
+
+    lm-rescore tune DEV_LIST --lm BUNDLE --ngram MODEL --metric wer --features am,neural,ngram,interp,length \\
+        --define am=0.6*decoder+0.4*ctc --fixed am --out dev.weights.json
+    lm-rescore nbest TEST_LIST --weights dev.weights.json --out test.rescored.jsonl --report test.report.json
+
+``tune`` reads only the dev list (and the models); ``nbest`` applies the weights file, which names the models,
+normalisation, definitions and λ it was tuned with, to any other list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rescoring.atomic import atomic_write_text
+from rescoring.features import check_features
+from rescoring.nbest import FORMATS, detect_format, read_nbest, write_nbest
+from rescoring.rescore import LanguageModels, Setup, format_report, report, reranked, setup_from_record, setup_record
+from rescoring.rescore import tune as tune_setup
+from rescoring.textnorm import PRESETS
+from rescoring.tune import METHODS, read_weights, write_weights
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    tune = sub.add_parser("tune", help="tune feature weights on a dev list (minimise WER or maximise BLEU)")
+    _list_arguments(tune)
+    _model_arguments(tune)
+    tune.add_argument("--metric", choices=("wer", "bleu"), required=True)
+    tune.add_argument("--features", required=True, help="comma-separated: list features, neural, ngram, interp, ...")
+    tune.add_argument("--define", action="append", default=[], metavar="NAME=EXPR", help="e.g. am=0.6*decoder+0.4*ctc")
+    tune.add_argument("--fixed", help="the feature whose weight stays 1 (default: the first)")
+    tune.add_argument("--lambdas", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="λ values tried for interp")
+    tune.add_argument("--methods", default=",".join(METHODS), help=f"scipy methods among {', '.join(METHODS)}")
+    tune.add_argument("--restarts", type=int, default=5, help="random restarts per method (besides the first run)")
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("--cv", type=int, default=0, help="k-fold cross-validation on the dev list (small sets)")
+    tune.add_argument("--out", required=True, type=Path, help="weights file (JSON) to write")
+    tune.set_defaults(func=run_tune)
+
+    nbest = sub.add_parser("nbest", help="rerank lists with tuned weights; report 1-best, rescored and oracle")
+    _list_arguments(nbest)
+    _model_arguments(nbest, from_weights=True)
+    nbest.add_argument("--weights", required=True, type=Path, help="weights file written by lm-rescore tune")
+    nbest.add_argument("--out", required=True, type=Path, help="reranked list to write")
+    nbest.add_argument("--out-format", choices=sorted(FORMATS), help="default: the input's format")
+    nbest.add_argument("--report", type=Path, help="JSON report to write (metrics need references)")
+    nbest.add_argument("--no-metrics", action="store_true", help="lists without references: only rerank")
+    nbest.set_defaults(func=run_nbest)
+
+
+def _list_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("list", type=Path, help="n-best/k-best list (file or folder; the format is detected)")
+    parser.add_argument("--format", choices=sorted(FORMATS), help="override format detection")
+    parser.add_argument("--references", nargs="+", type=Path, help="reference files, one sentence per line")
+    parser.add_argument(
+        "--cache", type=Path, help="LM score cache (JSONL); default: LIST_NAME.lmscores.jsonl beside --out"
+    )
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _model_arguments(parser: argparse.ArgumentParser, from_weights: bool = False) -> None:
+    default = " (default: the one the weights were tuned with)" if from_weights else ""
+    parser.add_argument("--lm", help=f"neural LM bundle{default}")
+    parser.add_argument("--ngram", help=f"n-gram model, ARPA or KenLM binary{default}")
+    parser.add_argument("--normalize", choices=sorted(PRESETS), help=f"text normalisation preset for the LMs{default}")
+
+
+def _cache_path(args) -> Path:
+    return args.cache or args.out.with_name(f"{args.list.name.split('.')[0]}.lmscores.jsonl")
+
+
+def run_tune(args) -> int:
+    start = time.perf_counter()
+    nbest = read_nbest(args.list, args.format, args.references)
+    models = LanguageModels.load(args.lm, args.ngram, args.normalize, args.threads)
+    setup = Setup.parse(args.features, args.define)
+    have_lms = models.scorer is not None or models.ngram is not None
+    check_features(nbest, setup.features, setup.definitions, 0.5 if have_lms else None, have_lms)
+    lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
+    lambdas = [float(x) for x in args.lambdas.split(",")]
+    methods = [m.strip() for m in args.methods.split(",")]
+    tuned = tune_setup(
+        nbest, setup, lm_scores, args.metric, args.fixed, lambdas, args.cv,
+        methods=methods, restarts=args.restarts, seed=args.seed,
+    )  # fmt: skip
+    extra = {"cross_validation": tuned.cross_validation} if tuned.cross_validation else {}
+    extra["dev_metric_by_lambda"] = {str(k): v for k, v in tuned.by_lambda.items()}
+    write_weights(args.out, tuned.result, setup_record(models, tuned.setup), **extra)
+    r = tuned.result
+    print(
+        f"{nbest.name}: {args.metric} {r.baseline_metric:.2f} -> {r.dev_metric:.2f} on the dev list "
+        f"(runs: min {r.spread['min']:.2f}, mean {r.spread['mean']:.2f}, max {r.spread['max']:.2f})"
+        + (f", λ = {tuned.setup.lam}" if tuned.setup.lam is not None else "")
+    )
+    if tuned.cross_validation:
+        cv = tuned.cross_validation
+        print(
+            f"{cv['folds']}-fold cross-validation: held-out {args.metric} {cv['heldout_metric']:.2f} (baseline {cv['baseline_metric']:.2f})"
+        )
+    print("weights: " + ", ".join(f"{k}={v:.4g}" for k, v in r.weights.items()) + f"  -> {args.out}")
+    print(f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)
+    return 0
+
+
+def run_nbest(args) -> int:
+    record = read_weights(args.weights)
+    saved = record.get("setup", {})
+    setup = setup_from_record(record)
+    nbest = read_nbest(args.list, args.format, args.references)
+    models = LanguageModels.load(
+        args.lm or saved.get("lm"),
+        args.ngram or saved.get("ngram"),
+        args.normalize or saved.get("normalize"),
+        args.threads,
+    )
+    lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
+    chosen, _ = setup.choose(nbest, lm_scores)
+    out_format = args.out_format or _input_format(args)
+    write_nbest(reranked(nbest, setup, lm_scores), args.out, out_format)
+    if args.no_metrics:
+        print(f"{nbest.name}: {len(nbest)} lists reranked -> {args.out}")
+        return 0
+    rep = report(nbest, chosen, record["metric"])
+    rep["weights"] = {"file": str(args.weights), **record["weights"]}
+    rep["setup"] = setup_record(models, setup)
+    if args.report:
+        atomic_write_text(args.report, json.dumps(rep, indent=2, default=float) + "\n")
+    print(format_report(rep))
+    return 0
+
+
+def _input_format(args) -> str:
+    return args.format or detect_format(args.list)

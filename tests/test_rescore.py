@@ -1,0 +1,150 @@
+"""Rescoring end to end on generated lists: LM scores (neural + real KenLM) and their cache, features, tuning on a dev
+set, reranking a test set, reports; and the proof that tuning never opens the test set."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from conftest import make_sentences
+
+from rescoring.cli import main as rescore_main
+from rescoring.features import feature_matrices, parse_definition
+from rescoring.lmscores import compute, load_or_compute
+from rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
+from rescoring.ngram import NgramLM, build_ngram
+from rescoring.rescore import LanguageModels, Setup, report, reranked, tune
+
+
+def corrupted_lists(n: int, seed: int, name: str) -> NBestList:
+    """Each reference plus 4 copies with 1-2 words replaced by random words; a noisy 'am' score that ranks a
+    corrupted copy first half of the time, so that an LM can fix choices."""
+    rng = np.random.default_rng(seed)
+    entries = []
+    for i, ref in enumerate(make_sentences(n, seed=seed)):
+        words = ref.split()
+        texts = [ref]
+        for _ in range(4):
+            w = list(words)
+            for _ in range(int(rng.integers(1, 3))):
+                w[int(rng.integers(len(w)))] = f"w{int(rng.integers(20, 40))}"
+            texts.append(" ".join(w))
+        am = rng.normal(0, 1, size=5)
+        am[0] -= 0.3
+        order = np.argsort(-am, kind="stable")
+        hyps = [Hypothesis(texts[k], {"am": float(am[k]), "extra": float(k == 0) if i % 2 else 0.0}) for k in order]
+        entries.append(NBestEntry(f"utt{i}", hyps, [ref]))
+    return NBestList(entries, name)
+
+
+@pytest.fixture(scope="module")
+def ngram_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ngram") / "train3"
+    build_ngram((s.split() for s in make_sentences(300, seed=1)), 3, out, discount_fallback=True)
+    return out.with_suffix(".bin")
+
+
+def test_definitions_parse_and_errors_name_the_problem():
+    assert parse_definition("am=0.6*decoder+0.4*ctc") == ("am", {"decoder": 0.6, "ctc": 0.4})
+    assert parse_definition("x = a - 2*b + 1e-1*c") == ("x", {"a": 1.0, "b": -2.0, "c": 0.1})
+    for bad in ("am", "am=", "am=0.6*", "am=decoder ctc", "1x=a"):
+        with pytest.raises(ValueError, match="feature definition"):
+            parse_definition(bad)
+
+
+def test_features_from_lists_definitions_and_sparse_lists():
+    nbest = NBestList([NBestEntry("u", [Hypothesis("a b", {"d": 1.0, "c": 2.0}), Hypothesis("a", {"d": 3.0})])])
+    (x,) = feature_matrices(nbest, ["am", "length", "c"], definitions={"am": {"d": 0.5, "c": 2.0}})
+    np.testing.assert_allclose(x, [[4.5, 2, 2.0], [1.5, 1, 0.0]])
+    with pytest.raises(ValueError, match="unknown feature 'nope'.*carries"):
+        feature_matrices(nbest, ["nope"])
+    with pytest.raises(ValueError, match="needs LM scores"):
+        feature_matrices(nbest, ["neural"])
+
+
+def test_lm_scores_share_tokens_interpolate_and_cache(bundles, ngram_model, tmp_path):
+    models = LanguageModels.load(bundles[("full", 0.0)][1], ngram_model, threads=1)
+    nbest = NBestList([NBestEntry("u", [Hypothesis("w1 w2 zzz"), Hypothesis("w1 w2"), Hypothesis("")])])
+    scores = models.scores(nbest)
+    first = scores[0][0]
+    assert first.oov == 1 and len(first.neural) == len(first.ngram) == 4
+    # the n-gram saw the neural LM's unknown word as <unk>
+    ngram = NgramLM(ngram_model)
+    np.testing.assert_allclose(first.ngram, ngram.token_logprobs(["w1", "w2", "<unk>"]))
+    # per-word interpolation lies between the two models, token by token
+    mixed = first.interpolated(0.3)
+    assert np.all(mixed >= np.minimum(first.neural, first.ngram) - 1e-12)
+    assert np.all(mixed <= np.maximum(first.neural, first.ngram) + 1e-12)
+    # the cache returns the same numbers without running the models, and is recomputed for other settings
+    cache = tmp_path / "scores.jsonl"
+    written = load_or_compute(cache, nbest, models.scorer, models.ngram, models.normalizer)
+    again = load_or_compute(cache, nbest, None, models.ngram, models.normalizer)  # no neural LM: a different key
+    assert again[0][0].neural is None
+    read = load_or_compute(cache, nbest, models.scorer, models.ngram, models.normalizer)
+    for a, b in zip(written[0], read[0], strict=True):
+        np.testing.assert_allclose(a.neural, b.neural, rtol=1e-6)
+        np.testing.assert_allclose(a.ngram, b.ngram, rtol=1e-6)
+    with pytest.raises(ValueError, match="nothing to score with"):
+        compute(nbest, None, None, models.normalizer)
+
+
+def test_tuned_lm_features_beat_the_first_pass_on_held_out_lists(bundles, ngram_model):
+    models = LanguageModels.load(bundles[("full", 0.0)][1], ngram_model, threads=1)
+    dev, test = corrupted_lists(80, 11, "dev"), corrupted_lists(80, 12, "test")
+    setup = Setup.parse("am,neural,ngram,interp,length")
+    tuned = tune(dev, setup, models.scores(dev), "wer", fixed="am", lambdas=(0.3, 0.7), restarts=2)
+    assert set(tuned.by_lambda) == {0.3, 0.7}
+    chosen, _ = tuned.setup.choose(test, models.scores(test))
+    rep = report(test, chosen, "wer", bootstrap_samples=200)
+    assert rep["rescored"]["wer"] < rep["1best"]["wer"]
+    assert rep["oracle"]["wer"] <= rep["rescored"]["wer"]
+    assert rep["bootstrap"]["p_value"] < 0.05
+    out = reranked(test, tuned.setup, models.scores(test))
+    for entry in out:
+        scores = [h.features["rescore"] for h in entry.hypotheses]
+        assert scores == sorted(scores, reverse=True)
+    assert [e.hypotheses[0].text for e in out] == [e.hypotheses[k].text for e, k in zip(test, chosen, strict=True)]
+
+
+def test_cli_tune_then_rescore_and_tuning_never_opens_the_test_set(bundles, ngram_model, tmp_path, capsys):
+    dev, test = tmp_path / "dev.jsonl", tmp_path / "test.jsonl"
+    write_nbest(corrupted_lists(60, 21, "dev"), dev, "jsonl")
+    write_nbest(corrupted_lists(60, 22, "test"), test, "jsonl")
+    weights = tmp_path / "dev.weights.json"
+    opened = []
+
+    def audit(event, args):
+        if event == "open" and isinstance(args[0], str | bytes) and "test" in str(args[0]):
+            opened.append(str(args[0]))
+
+    sys.addaudithook(audit)
+    common = ["--lm", str(bundles[("full", 0.0)][1]), "--ngram", str(ngram_model), "--threads", "1"]
+    args = ["tune", str(dev), *common, "--metric", "wer", "--features", "am,neural,ngram,length", "--fixed", "am"]
+    assert rescore_main([*args, "--restarts", "1", "--cv", "3", "--out", str(weights)]) == 0
+    assert not [p for p in opened if p.endswith("test.jsonl")]
+    record = json.loads(weights.read_text())
+    assert record["features"] == ["am", "neural", "ngram", "length"] and record["cross_validation"]["folds"] == 3
+    capsys.readouterr()
+
+    out, rep = tmp_path / "test.rescored.jsonl", tmp_path / "test.report.json"
+    assert rescore_main(["nbest", str(test), "--weights", str(weights), "--out", str(out), "--report", str(rep)]) == 0
+    table = capsys.readouterr().out
+    assert "rescored" in table and "oracle" in table and "WER" in table
+    result = json.loads(rep.read_text())
+    assert result["rescored"]["wer"] < result["1best"]["wer"]
+    assert len(read_nbest(out)) == 60
+
+
+def test_cli_errors_name_the_problem(tmp_path, capsys):
+    dev = tmp_path / "dev.jsonl"
+    write_nbest(corrupted_lists(5, 1, "dev"), dev, "jsonl")
+    assert (
+        rescore_main(["tune", str(dev), "--metric", "wer", "--features", "am,neural", "--out", str(tmp_path / "w")])
+        == 2
+    )
+    assert "needs LM scores" in capsys.readouterr().err
+    assert (
+        rescore_main(["nbest", str(dev), "--weights", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o")])
+        == 2
+    )
+    assert "missing.json" in capsys.readouterr().err
