@@ -9,13 +9,15 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from rescoring import rescore_cli
-from rescoring.bundle import BundleError
+from rescoring.bundle import Bundle, BundleError
+from rescoring.lmscores import UNK_WORD
 from rescoring.ngram import LN10, NgramError, NgramLM, build_ngram
+from rescoring.textnorm import PRESETS, TextNormalizer
 
 
 def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
@@ -32,13 +34,32 @@ def read_lines(stream: BinaryIO, name: str) -> list[str]:
     return list(iter_lines(stream, name))
 
 
-def _tokenised(paths: list[str], lowercase: bool) -> Iterator[list[str]]:
-    """Whitespace-split lines of plain or gzipped text files; blank lines are skipped, not taken as empty sentences
+def _text_view(args) -> Callable[[str], list[str]]:
+    """How text becomes n-gram tokens: ``--normalize`` (a ``rescoring.textnorm`` preset) and, with ``--like BUNDLE``,
+    that bundle's own text settings and vocabulary (other words become ``<unk>``), so that the n-gram sees exactly the
+    tokens the neural LM sees and their per-word interpolation mixes distributions over the same words."""
+    normalizer = PRESETS[args.normalize] if args.normalize else None
+    vocab = None
+    if args.like:
+        bundle = Bundle.load(args.like)
+        normalizer = normalizer or TextNormalizer.from_dict(bundle.manifest["text"])
+        vocab = set(bundle.tokens)
+    normalizer = normalizer or PRESETS["none"]
+
+    def view(line: str) -> list[str]:
+        words = normalizer.normalize(line)
+        return words if vocab is None else [w if w in vocab else UNK_WORD for w in words]
+
+    return view
+
+
+def _tokenised(paths: list[str], view: Callable[[str], list[str]]) -> Iterator[list[str]]:
+    """Tokenised lines of plain or gzipped text files; blank lines are skipped, not taken as empty sentences
     (which would inflate p(</s> | <s>))."""
     for path in paths:
         with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
             for line in iter_lines(f, path):
-                words = (line.lower() if lowercase else line).split()
+                words = view(line)
                 if words:
                     yield words
 
@@ -86,7 +107,7 @@ def _ngram_build(args) -> int:
             raise FileNotFoundError(f"{path}: no such text file")
     start = time.perf_counter()
     info = build_ngram(
-        _tokenised(args.text, args.lowercase),
+        _tokenised(args.text, _text_view(args)),
         args.order,
         args.out,
         prune=args.prune,
@@ -94,16 +115,17 @@ def _ngram_build(args) -> int:
         discount_fallback=args.discount_fallback,
         memory=args.memory,
     )
-    info.update(text=args.text, lowercase=args.lowercase, seconds=round(time.perf_counter() - start, 2))
+    info.update(text=args.text, normalize=args.normalize, like=args.like, seconds=round(time.perf_counter() - start, 2))
     print(json.dumps(info, indent=2))
     return 0
 
 
 def _ngram_query(args) -> int:
     lm = NgramLM(args.lm)
+    view = _text_view(args)
     total = tokens = oovs = sentences = 0
     for line in iter_lines(sys.stdin.buffer, "<stdin>"):
-        words = (line.lower() if args.lowercase else line).split()
+        words = view(line)
         score, oov = lm.score(words), lm.oov(words)
         print(f"{score:.6f}\t{score / LN10:.6f}\t{oov}")
         total += score
@@ -117,6 +139,11 @@ def _ngram_query(args) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _text_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--normalize", choices=sorted(PRESETS), help="text normalisation preset (default: none)")
+    parser.add_argument("--like", help="model bundle: use its text settings and vocabulary (others -> <unk>)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--out", required=True, help="model path without extension (a .arpa or .bin one is dropped)")
     build.add_argument("--prune", type=int, nargs="+", help="count threshold per order, e.g. 0 1 1 (lmplz --prune)")
     build.add_argument("--no-binary", action="store_true", help="write the ARPA file only, no KenLM binary")
-    build.add_argument("--lowercase", action="store_true", help="lowercase the text before splitting on whitespace")
+    _text_arguments(build)
     build.add_argument(
         "--discount-fallback", action="store_true", help="fixed discounts where lmplz cannot estimate them (tiny text)"
     )
@@ -148,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_ngram_build)
     query = ngram.add_parser("query", help="per input line: ln score, log10 score and OOV count (tab-separated)")
     query.add_argument("--lm", required=True, help="ARPA (plain or .gz) or KenLM binary model")
-    query.add_argument("--lowercase", action="store_true", help="lowercase each line before splitting on whitespace")
+    _text_arguments(query)
     query.set_defaults(func=_ngram_query)
     rescore_cli.add_commands(sub)
     return parser

@@ -237,6 +237,7 @@ def _split_clitic(token: str) -> list[str]:
 _LIBRISPEECH = TextNormalizer(case="upper", punctuation="strip", hyphens="split")
 PRESETS: dict[str, TextNormalizer] = {
     "none": TextNormalizer(),
+    "lower": TextNormalizer(case="lower"),
     "ptb": TextNormalizer(
         case="lower",
         punctuation="strip",

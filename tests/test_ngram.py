@@ -138,12 +138,12 @@ def test_cli_builds_from_gzipped_text_and_queries(tmp_path, monkeypatch, capsys)
     lines = [" ".join(s).upper() for s in zipf_corpus(1000, seed=1)]
     text.write_bytes(gzip.compress(("\n".join(lines) + "\n\n").encode()))
     out = tmp_path / "cli"
-    assert main(["ngram", "build", "--order", "3", "--text", str(text), "--out", str(out), "--lowercase"]) == 0
+    assert main(["ngram", "build", "--order", "3", "--text", str(text), "--out", str(out), "--normalize", "lower"]) == 0
     assert '"sentences": 1000' in capsys.readouterr().out  # the blank line is no sentence
 
     lm = NgramLM(out.with_suffix(".bin"))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"W1 w2\nw1 neverseen\n")))
-    assert main(["ngram", "query", "--lm", str(out.with_suffix(".bin")), "--lowercase"]) == 0
+    assert main(["ngram", "query", "--lm", str(out.with_suffix(".bin")), "--normalize", "lower"]) == 0
     captured = capsys.readouterr()
     rows = [line.split("\t") for line in captured.out.splitlines()]
     assert [int(r[2]) for r in rows] == [0, 1]

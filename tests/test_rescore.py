@@ -148,3 +148,13 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
         == 2
     )
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_ngram_built_like_a_bundle_sees_the_bundles_tokens(bundles, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(make_sentences(200, seed=5) + ["W1 ZZZ w2"]) + "\n")
+    out = tmp_path / "like"
+    args = ["ngram", "build", "--order", "2", "--text", str(text), "--out", str(out), "--discount-fallback"]
+    assert rescore_main([*args, "--like", str(bundles[("full", 0.0)][1]), "--normalize", "lower"]) == 0
+    arpa = out.with_suffix(".arpa").read_text()
+    assert "\tzzz" not in arpa and "\tW1" not in arpa and "\tw1\t" in arpa and "\t<unk>" in arpa
