@@ -15,7 +15,7 @@ from typing import BinaryIO
 
 from rescoring import rescore_cli
 from rescoring.bundle import Bundle, BundleError
-from rescoring.lmscores import UNK_WORD
+from rescoring.lmscores import ngram_view
 from rescoring.ngram import LN10, NgramError, NgramLM, build_ngram
 from rescoring.textnorm import PRESETS, TextNormalizer
 
@@ -44,13 +44,7 @@ def _text_view(args) -> Callable[[str], list[str]]:
         bundle = Bundle.load(args.like)
         normalizer = normalizer or TextNormalizer.from_dict(bundle.manifest["text"])
         vocab = set(bundle.tokens)
-    normalizer = normalizer or PRESETS["none"]
-
-    def view(line: str) -> list[str]:
-        words = normalizer.normalize(line)
-        return words if vocab is None else [w if w in vocab else UNK_WORD for w in words]
-
-    return view
+    return ngram_view(normalizer or PRESETS["none"], vocab)
 
 
 def _tokenised(paths: list[str], view: Callable[[str], list[str]]) -> Iterator[list[str]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from tqdm import tqdm
 from rescoring.atomic import atomic_write_lines
 from rescoring.nbest import NBestList
 from rescoring.ngram import NgramLM
-from rescoring.scorer import UNK, Scorer, SentenceScore
+from rescoring.scorer import Scorer, SentenceScore
 from rescoring.textnorm import TextNormalizer
 
 FORMAT = "lmserve-lmscores"
@@ -109,7 +109,22 @@ def compute(
 
 def _as_neural_vocab(score: SentenceScore, scorer: Scorer) -> list[str]:
     """The words the neural LM saw, its unknown words as ``<unk>``: the n-gram's view of the same events."""
-    return [w if w in scorer.index and scorer.index[w] != UNK else UNK_WORD for w in score.words]
+    return in_vocabulary(score.words, scorer.index)
+
+
+def in_vocabulary(words: list[str], vocab: Collection[str]) -> list[str]:
+    return [w if w in vocab else UNK_WORD for w in words]
+
+
+def ngram_view(normalizer: TextNormalizer, vocab: Collection[str] | None = None) -> Callable[[str], list[str]]:
+    """Text -> the tokens an n-gram paired with a neural LM is trained on and queried with: the same normaliser, and
+    with ``vocab`` (the bundle's) every other word as ``<unk>``."""
+
+    def view(text: str) -> list[str]:
+        words = normalizer.normalize(text)
+        return words if vocab is None else in_vocabulary(words, vocab)
+
+    return view
 
 
 def load_or_compute(
