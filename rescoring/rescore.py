@@ -210,7 +210,7 @@ def report(nbest: NBestList, chosen: Sequence[int], metric: str, bootstrap_sampl
 def format_report(rep: dict) -> str:
     """The human-readable table printed by ``lm-rescore nbest``."""
     metric = rep["metric"]
-    key = "wer" if metric == "wer" else "score"
+    key = metric
     lines = [f"{rep['list']}: {rep['utterances']} utterances, {rep['hypotheses']} hypotheses", ""]
     if metric == "wer":
         lines.append(f"{'':10} {'WER %':>7} {'sub':>6} {'del':>6} {'ins':>6}")

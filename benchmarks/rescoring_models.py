@@ -1,0 +1,108 @@
+"""The language models the rescoring benchmarks use, built on first use and re-used after.
+
+- PTB (for WSJ and Joshua): the Zaremba-small sentence-mode model (``ptb_small`` benchmark) as a bundle, and a 4-gram
+  on PTB train built like that bundle (``lm-rescore ngram build --like``: its vocabulary, other words as ``<unk>``);
+  hypotheses go through the ``ptb`` preset.
+- Gutenberg (for LibriSpeech): the 2x256 adaptive-softmax model of ``configs/gutenberg_rescore.toml`` as a bundle, and
+  a 4-gram on the prepared Gutenberg training books built like it; hypotheses go through the ``librispeech`` preset.
+
+Held-out text of the LMs' own corpora (perplexities) is already in their form and is scored as it is.
+
+λ for the per-word interpolation is the one with the lowest validation perplexity (``best_lambda``), so the
+cross-validated sets (WSJ, Joshua) need no λ from their own hypotheses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import ROOT, ensure_bundle
+from rescoring.bundle import Bundle
+from rescoring.lmscores import ngram_view
+from rescoring.ngram import NgramLM, build_ngram
+from rescoring.rescore import LanguageModels
+from rescoring.scorer import Scorer
+from rescoring.textnorm import TextNormalizer
+from training.config import DEFAULT_DATA_DIR
+from training.corpus import read_sentences
+
+LAMBDAS = tuple(round(x, 2) for x in np.arange(0.05, 1.0, 0.05))
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str
+    run: Path  # training run of the neural LM
+    bundle: Path
+    ngram_text: Path
+    valid: Path
+    test: Path
+    normalize: str
+    order: int = 4
+
+    @property
+    def ngram(self) -> Path:
+        return ROOT / "var" / "ngrams" / f"{self.name}_{self.order}gram.bin"
+
+    def ensure(self) -> None:
+        ensure_bundle(self.run, self.bundle)
+        if not self.ngram.exists():
+            bundle = Bundle.load(self.bundle)
+            view = ngram_view(TextNormalizer.from_dict(bundle.manifest["text"]), set(bundle.tokens))
+            sentences = (view(" ".join(words)) for words in read_sentences(self.ngram_text))
+            build_ngram(sentences, self.order, self.ngram.with_suffix(""))
+
+    def models(self, threads: int = 1, hypotheses: bool = True) -> LanguageModels:
+        """With ``hypotheses``, text goes through the pair's preset (ASR/MT output); else as the corpus has it."""
+        self.ensure()
+        return LanguageModels.load(self.bundle, self.ngram, self.normalize if hypotheses else None, threads)
+
+
+PTB = Pair(
+    "ptb",
+    ROOT / "var" / "runs" / "ptb_small_sentence",
+    ROOT / "var" / "bundles" / "ptb_small_sentence",
+    DEFAULT_DATA_DIR / "ptb" / "ptb.train.txt.gz",
+    DEFAULT_DATA_DIR / "ptb" / "ptb.valid.txt.gz",
+    DEFAULT_DATA_DIR / "ptb" / "ptb.test.txt.gz",
+    "ptb",
+)
+GUTENBERG = Pair(
+    "gutenberg",
+    ROOT / "var" / "runs" / "gutenberg_rescore",
+    ROOT / "var" / "bundles" / "gutenberg_rescore",
+    ROOT / "var" / "gutenberg" / "train.txt.gz",
+    ROOT / "var" / "gutenberg" / "valid.txt.gz",
+    ROOT / "var" / "gutenberg" / "test.txt.gz",
+    "librispeech",
+)
+
+
+def token_scores(pair: Pair, path: Path, models: LanguageModels) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-token natural-log scores of a held-out text under both models, on the same tokens; and the OOV count."""
+    scorer: Scorer = models.scorer
+    ngram: NgramLM = models.ngram
+    sentences = [" ".join(words) for words in read_sentences(path)]
+    neural, counts, oov = [], [], 0
+    for s in scorer.score(sentences):
+        neural.append(s.token_logprobs.astype(np.float64))
+        counts.append(ngram.token_logprobs([w if w in scorer.index else "<unk>" for w in s.words]))
+        oov += s.oov
+    return np.concatenate(neural), np.concatenate(counts), oov
+
+
+def perplexities(neural: np.ndarray, ngram: np.ndarray, lam: float) -> dict[str, float]:
+    mixed = np.logaddexp(math.log(lam) + neural, math.log1p(-lam) + ngram)
+    return {
+        "neural": math.exp(-neural.mean()),
+        "ngram": math.exp(-ngram.mean()),
+        "interpolated": math.exp(-mixed.mean()),
+    }
+
+
+def best_lambda(neural: np.ndarray, ngram: np.ndarray) -> float:
+    return min(LAMBDAS, key=lambda lam: perplexities(neural, ngram, lam)["interpolated"])
