@@ -15,9 +15,11 @@ fingerprints the lists' texts, the bundle's files, the n-gram file and the norma
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable, Collection, Iterable
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,38 +75,52 @@ def compute(
     normalizer: TextNormalizer,
     progress: bool = False,
     lists_per_call: int = 64,
+    seconds: dict[str, float] | None = None,
 ) -> list[list[HypothesisScores]]:
     """Score every hypothesis; the neural LM shares prefixes within each list (``Scorer.score_nbest``).
 
-    ``scorer`` must use ``normalizer`` (``Scorer(..., normalizer=...)``): its words are what the n-gram scores."""
+    ``scorer`` must use ``normalizer`` (``Scorer(..., normalizer=...)``): its words are what the n-gram scores.
+    ``seconds``, when given, accumulates the time spent in each model ("neural", "ngram"), for throughput reports."""
     if scorer is None and ngram is None:
         raise ValueError("nothing to score with: give a neural LM bundle, an n-gram, or both")
     if scorer is not None and scorer.normalizer != normalizer:
         raise ValueError("the scorer normalises text differently from the n-gram: give both the same normaliser")
+    seconds = {} if seconds is None else seconds
     out: list[list[HypothesisScores]] = []
     entries = nbest.entries
     with tqdm(total=len(entries), desc="LM scores", unit="list", disable=not progress) as bar:
         for start in range(0, len(entries), lists_per_call):
             chunk = entries[start : start + lists_per_call]
             texts = [[h.text for h in e.hypotheses] for e in chunk]
-            if scorer is None:
-                for hyps in texts:
-                    words = [normalizer.normalize(t) for t in hyps]
-                    out.append([HypothesisScores(None, ngram.token_logprobs(w), ngram.oov(w)) for w in words])
+            if scorer is not None:
+                with _timed(seconds, "neural"):
+                    scored = scorer.score_nbest(texts)
+                words = [[_as_neural_vocab(s, scorer) for s in row] for row in scored]
             else:
-                for scored in scorer.score_nbest(texts):
-                    out.append(
-                        [
-                            HypothesisScores(
-                                neural=s.token_logprobs.astype(np.float64),
-                                ngram=None if ngram is None else ngram.token_logprobs(_as_neural_vocab(s, scorer)),
-                                oov=s.oov,
-                            )
-                            for s in scored
-                        ]
-                    )
+                scored = [[None] * len(row) for row in texts]
+                words = [[normalizer.normalize(t) for t in row] for row in texts]
+            with _timed(seconds, "ngram"):
+                counts = [[None if ngram is None else ngram.token_logprobs(w) for w in row] for row in words]
+            for row_scores, row_words, row_counts in zip(scored, words, counts, strict=True):
+                out.append(
+                    [
+                        HypothesisScores(
+                            neural=None if s is None else s.token_logprobs.astype(np.float64),
+                            ngram=c,
+                            oov=ngram.oov(w) if s is None else s.oov,
+                        )
+                        for s, w, c in zip(row_scores, row_words, row_counts, strict=True)
+                    ]
+                )
             bar.update(len(chunk))
     return out
+
+
+@contextlib.contextmanager
+def _timed(seconds: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 def _as_neural_vocab(score: SentenceScore, scorer: Scorer) -> list[str]:
