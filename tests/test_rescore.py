@@ -158,3 +158,22 @@ def test_ngram_built_like_a_bundle_sees_the_bundles_tokens(bundles, tmp_path):
     assert rescore_main([*args, "--like", str(bundles[("full", 0.0)][1]), "--normalize", "lower"]) == 0
     arpa = out.with_suffix(".arpa").read_text()
     assert "\tzzz" not in arpa and "\tW1" not in arpa and "\tw1\t" in arpa and "\t<unk>" in arpa
+
+
+def test_cli_bleu_tuning_on_a_kbest_list_with_several_references(bundles, tmp_path, capsys):
+    lists = corrupted_lists(40, 31, "mt")
+    for entry in lists:
+        entry.references = [entry.references[0], entry.references[0] + " w1"]
+    path = tmp_path / "mt.jsonl"
+    write_nbest(lists, path, "jsonl")
+    weights = tmp_path / "mt.weights.json"
+    common = ["--lm", str(bundles[("full", 0.0)][1]), "--threads", "1", "--quiet"]
+    tune_args = ["tune", str(path), *common, "--metric", "bleu", "--features", "am,neural,length", "--restarts", "1"]
+    assert rescore_main([*tune_args, "--out", str(weights)]) == 0
+    assert json.loads(weights.read_text())["metric"] == "bleu"
+    capsys.readouterr()
+    out, rep = tmp_path / "mt.out.jsonl", tmp_path / "mt.report.json"
+    assert rescore_main(["nbest", str(path), "--weights", str(weights), "--out", str(out), "--report", str(rep)]) == 0
+    assert "BLEU" in capsys.readouterr().out
+    result = json.loads(rep.read_text())
+    assert result["rescored"]["bleu"] > result["1best"]["bleu"] and "nrefs:2" in result["1best"]["signature"]
