@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup kenlm test lint demo clean
+.PHONY: setup kenlm test lint demo clean proto
 
 # Idempotent: re-runs only when pyproject.toml changes. torch is pinned to the CPU build 2.13.0 in pyproject.toml.
 $(STAMP): pyproject.toml
@@ -38,6 +38,10 @@ $(KENLM)/bin/lmplz $(KENLM)/bin/build_binary &: | $(STAMP)
 	cmake --build $(KENLM)/build --target lmplz build_binary -j2
 	mkdir -p $(KENLM)/bin
 	cp $(KENLM)/build/bin/lmplz $(KENLM)/build/bin/build_binary $(KENLM)/bin/
+
+# The gRPC contract's Python code (server/lmserve_pb, committed): regenerate after editing proto/**/*.proto.
+proto: $(STAMP)
+	$(PY) proto/generate.py
 
 lint: setup
 	$(PY) -m ruff check training rescoring server benchmarks tests

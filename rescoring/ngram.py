@@ -92,6 +92,13 @@ class NgramLM:
         log10 = self.model.BaseScore(state.kenlm, word, out)
         return log10 * LN10, NgramState(out, self._context((*state.context, word)))
 
+    def next_word_logprobs(self, state: NgramState, words: list[str]) -> np.ndarray:
+        """ln p(word | state) for each of ``words`` (a decoder's candidates, or a whole vocabulary), without building
+        the states after them."""
+        scratch = kenlm.State()
+        log10 = [self.model.BaseScore(state.kenlm, word, scratch) for word in words]
+        return np.array(log10, dtype=np.float64) * LN10
+
     def context_words(self, state: NgramState) -> list[str]:
         return list(state.context)
 

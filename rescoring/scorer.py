@@ -14,6 +14,8 @@ Two ways in:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -113,6 +115,13 @@ class Scorer:
     def normalised(self) -> bool:
         return self.bundle.normalised
 
+    @property
+    def fingerprint(self) -> str:
+        """sha256 (hex) of the manifest's ``files``, every graph and the vocabulary: the same wherever the same bundle
+        is loaded and different for any other export, so a decoder state made by one model is recognised by another."""
+        files = json.dumps(self.bundle.manifest["files"], sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(files.encode("utf-8")).hexdigest()
+
     def _check_graphs(self) -> None:
         """The graphs must fit the vocabulary and the manifest's model shape."""
         out = self.sessions["step_full"].get_outputs()[0].shape
@@ -173,6 +182,27 @@ class Scorer:
         self.stats.lstm_steps += int(lengths.sum())
         self.stats.calls += 1
         return self.sessions["sentences"].run(None, {"input_ids": inputs, "target_ids": targets, "lengths": lengths})[0]
+
+    # -- decoders: one step at a time ----------------------------------------------------------------------------
+
+    def zero_state(self, batch: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """``h``, ``c`` [L, B, H] of a sentence start, to go in with ``prev_ids = <s>``."""
+        shape = (self.layers, batch, self.state_size)
+        return np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)
+
+    def next_word_scores(
+        self, prev_ids: np.ndarray, h: np.ndarray, c: np.ndarray, candidates: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One run of the ``step`` graph (``step_full`` without ``candidates``): read ``prev_ids`` [B] from the state
+        ``h``, ``c`` [L, B, H] and score the next word: ``candidates`` [B, K] -> [B, K], or the whole vocabulary
+        [B, V]. Returns the scores and the state after ``prev_ids``, which every candidate continues from."""
+        inputs = {"prev_ids": np.asarray(prev_ids, dtype=np.int64), "h": h, "c": c}
+        if candidates is not None:
+            inputs["candidates"] = np.asarray(candidates, dtype=np.int64)
+        logprobs, h_out, c_out = self.sessions["step" if candidates is not None else "step_full"].run(None, inputs)
+        self.stats.lstm_steps += len(inputs["prev_ids"])
+        self.stats.calls += 1
+        return logprobs, h_out, c_out
 
     # -- hypothesis lists with shared prefixes ------------------------------------------------------------------
 

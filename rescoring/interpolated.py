@@ -1,0 +1,154 @@
+"""A neural LM with an optional n-gram on the same tokens and their per-word linear interpolation, sentence by
+sentence and word by word: the engine behind ``lm-serve``'s ``ScoreSentences`` and ``ScoreNextWords``.
+
+Both ways score the same events: the words as the neural LM sees them, its unknown words as ``<unk>`` for both models
+(``rescoring.lmscores``), and ``</s>`` last. Interpolation is log(λ·p_neural + (1 − λ)·p_ngram) per token, the
+``interp`` feature of rescoring. So summing :meth:`InterpolatedLM.next_words` scores over a sentence's words and
+``</s>`` gives :meth:`InterpolatedLM.score` of that sentence (the ``step`` and ``sentences`` graphs agree to float
+precision).
+
+Decoders step with opaque state tokens (``rescoring.decoder_state``): the caller keeps them, this object keeps nothing
+between calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rescoring import decoder_state
+from rescoring.decoder_state import DecoderState, StateError
+from rescoring.lmscores import HypothesisScores, in_vocabulary
+from rescoring.ngram import BOS as NGRAM_BOS
+from rescoring.ngram import NgramLM
+from rescoring.scorer import BOS, UNK, Scorer
+
+
+@dataclass
+class TokenScores:
+    """One sentence: the tokens scored and, per token (the words, then ``</s>``), each model's natural log score."""
+
+    words: list[str]  # as the neural LM saw them, without <s> and </s>
+    oov: int  # words outside the neural vocabulary
+    neural: np.ndarray
+    ngram: np.ndarray | None  # None without an n-gram
+    interpolated: np.ndarray | None  # None without an n-gram and λ
+
+
+@dataclass
+class NextWord:
+    word: str
+    neural: float
+    ngram: float | None
+    interpolated: float | None
+    oov: bool  # not in the neural vocabulary: scored as <unk>
+    state: bytes  # the state after this word; b"" when states were not asked for
+
+    @property
+    def logprob(self) -> float:
+        """The model's score of the word: interpolated when there is an n-gram and a λ, else neural."""
+        return self.interpolated if self.interpolated is not None else self.neural
+
+
+class InterpolatedLM:
+    def __init__(self, scorer: Scorer, ngram: NgramLM | None = None, lam: float | None = None):
+        if lam is not None and (ngram is None or not 0.0 < lam < 1.0):
+            raise ValueError(f"interpolation weight λ = {lam}: needs an n-gram and a value in (0, 1)")
+        self.scorer = scorer
+        self.ngram = ngram
+        self.lam = lam
+        self.fingerprint = bytes.fromhex(scorer.fingerprint)
+
+    # -- sentences -----------------------------------------------------------------------------------------------
+
+    def score(self, sentences: Sequence[str]) -> list[TokenScores]:
+        out = []
+        for s in self.scorer.score(sentences):
+            neural = s.token_logprobs.astype(np.float64)
+            ngram = None
+            if self.ngram is not None:
+                ngram = self.ngram.token_logprobs(in_vocabulary(s.words, self.scorer.index))
+            interpolated = None if self.lam is None else HypothesisScores(neural, ngram, s.oov).interpolated(self.lam)
+            out.append(TokenScores(s.words, s.oov, neural, ngram, interpolated))
+        return out
+
+    # -- decoder steps -------------------------------------------------------------------------------------------
+
+    def start_state(self) -> DecoderState:
+        h, c = self.scorer.zero_state(1)
+        return DecoderState(BOS, h[:, 0], c[:, 0], (NGRAM_BOS,) if self.ngram is not None else None)
+
+    def read_state(self, token: bytes) -> DecoderState:
+        """The state in a token from :meth:`next_words`; the empty token is a sentence start. A token made by a model
+        with the same bundle but without an n-gram cannot go on with one (it lacks the context): ``StateError``. The
+        other way round, the context is ignored."""
+        if not token:
+            return self.start_state()
+        scorer = self.scorer
+        state = decoder_state.decode(token, self.fingerprint, scorer.layers, scorer.state_size, len(scorer.index))
+        if self.ngram is not None and state.ngram_context is None:
+            raise StateError("state: made without an n-gram context, but this model has an n-gram")
+        if self.ngram is None:
+            state.ngram_context = None
+        return state
+
+    def next_words(
+        self, token: bytes, candidates: Sequence[str] | None = None, top_k: int = 0, states: bool = True
+    ) -> list[NextWord]:
+        """Scores of the words that may follow the state in ``token``: ``candidates`` (vocabulary tokens, taken as
+        they are; unknown ones are scored as ``<unk>``), or the whole vocabulary but ``<s>`` in id order, or its
+        ``top_k`` best by :attr:`NextWord.logprob`. One LSTM step whatever the number of words; ``states`` adds each
+        word's new state token."""
+        state = self.read_state(token)
+        scorer = self.scorer
+        if candidates is not None:
+            for i, word in enumerate(candidates):
+                if not word or word != word.strip() or len(word.split()) != 1:
+                    raise ValueError(f"candidates[{i}] = {word!r}: expected one token, without spaces")
+                if word == scorer.bundle.tokens[BOS]:
+                    raise ValueError(f"candidates[{i}] is {word!r}: sentences start from the empty state")
+            words = list(candidates)
+            ids = np.array([scorer.index.get(w, UNK) for w in words], dtype=np.int64)
+        else:
+            ids = np.array([i for i in range(len(scorer.bundle.tokens)) if i != BOS], dtype=np.int64)
+            words = [scorer.bundle.tokens[i] for i in ids]
+        logprobs, h_out, c_out = scorer.next_word_scores(
+            np.array([state.prev_id]),
+            state.h[:, None],
+            state.c[:, None],
+            ids[None] if candidates is not None else None,
+        )
+        neural = logprobs[0].astype(np.float64) if candidates is not None else logprobs[0, ids].astype(np.float64)
+        ngram_words = in_vocabulary(words, scorer.index)
+        ngram_state = ngram = interpolated = None
+        if self.ngram is not None:
+            ngram_state = self.ngram.state_from_context(list(state.ngram_context))
+            ngram = self.ngram.next_word_logprobs(ngram_state, ngram_words)
+            if self.lam is not None:
+                interpolated = np.logaddexp(np.log(self.lam) + neural, np.log1p(-self.lam) + ngram)
+        chosen = np.arange(len(words))
+        if top_k:
+            best = interpolated if interpolated is not None else neural
+            chosen = np.argsort(-best, kind="stable")[:top_k]
+        out = []
+        for k in chosen:
+            token_out = b""
+            if states:
+                context = None
+                if ngram_state is not None:
+                    context = tuple(self.ngram.context_words(self.ngram.step(ngram_state, ngram_words[k])[1]))
+                after = DecoderState(int(ids[k]), h_out[:, 0], c_out[:, 0], context)
+                token_out = decoder_state.encode(after, self.fingerprint)
+            out.append(
+                NextWord(
+                    words[k],
+                    float(neural[k]),
+                    None if ngram is None else float(ngram[k]),
+                    None if interpolated is None else float(interpolated[k]),
+                    words[k] not in scorer.index,
+                    token_out,
+                )
+            )
+        return out

@@ -1,0 +1,199 @@
+"""lm-serve: run the gRPC language-model service, or call one.
+
+lm-serve serve --config serve.toml [--port 50051]
+lm-serve client --server 127.0.0.1:50051 score [--model NAME] [--per-token] < sentences.txt
+lm-serve client rescore dev.jsonl --profile dev_clean --out dev.rescored.jsonl
+lm-serve client models
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from rescoring.bundle import BundleError
+from rescoring.cli import read_lines
+from rescoring.nbest import FORMATS, read_nbest, write_nbest
+from rescoring.ngram import NgramError
+from server import messages
+from server.client import DEFAULT_TARGET, LMServeClient
+from server.config import load_config
+from server.logs import setup_logging
+
+SCORE_BATCH = 256  # sentences per ScoreSentences call: well under the default limit, and streams long inputs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lm-serve", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="load the models of a TOML config and serve them until SIGTERM/SIGINT")
+    serve.add_argument("--config", required=True, type=Path, help="TOML config (server/config.py documents it)")
+    serve.add_argument("--host", help="address to bind (default: the config's, else 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default: the config's, else 50051; 0 = any free port)")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.set_defaults(func=_serve)
+
+    client = sub.add_parser("client", help="call a running server")
+    client.add_argument("--server", default=DEFAULT_TARGET, help="HOST:PORT (default: %(default)s)")
+    client.add_argument("--timeout", type=float, default=60.0, help="deadline of each call in seconds")
+    calls = client.add_subparsers(dest="call", required=True)
+
+    score = calls.add_parser("score", help="one score per input line (ScoreSentences)")
+    score.add_argument("--model", default="", help="model name (default: the server's default model)")
+    score.add_argument("--input", default="-", help="sentences, one per line (default: standard input)")
+    score.add_argument("--per-token", action="store_true", help="also print every token's score (</s> last)")
+    score.add_argument("--log10", action="store_true", help="log10 instead of natural log")
+    score.add_argument(
+        "--score", choices=("neural", "ngram", "interpolated"), default="neural", help="which model's score to print"
+    )
+    score.add_argument("--format", choices=("text", "jsonl"), default="text")
+    score.set_defaults(func=_score)
+
+    rescore = calls.add_parser("rescore", help="rerank an n-best/k-best list (RescoreNBest, or RescoreKBest)")
+    rescore.add_argument("list", type=Path, help="n-best/k-best list (file or folder; the format is detected)")
+    rescore.add_argument("--format", choices=sorted(FORMATS), help="override format detection")
+    rescore.add_argument("--references", nargs="+", type=Path, help="reference files, one sentence per line")
+    rescore.add_argument("--model", default="")
+    rescore.add_argument("--profile", default="", help="a weights profile of the model (see `info`)")
+    rescore.add_argument("--weights", default="", help="inline weights instead: am=1,neural=0.3,length=0.5")
+    rescore.add_argument(
+        "--define", action="append", default=[], metavar="NAME=EXPR", help="e.g. am=0.6*decoder+0.4*ctc"
+    )
+    rescore.add_argument("--lambda", dest="lam", type=float, default=0.0, help="λ of the interp feature")
+    rescore.add_argument("--kbest", action="store_true", help="MT k-best lists: RescoreKBest, evaluated with BLEU")
+    rescore.add_argument("--out", type=Path, help="reranked lists to write (with every feature and 'rescore')")
+    rescore.add_argument("--out-format", choices=sorted(FORMATS), default="jsonl")
+    rescore.set_defaults(func=_rescore)
+
+    models = calls.add_parser("models", help="the server's models (ListModels), as JSON")
+    models.set_defaults(func=_models)
+    info = calls.add_parser("info", help="one model's manifest, n-gram and profiles (GetModelInfo), as JSON")
+    info.add_argument("model", nargs="?", default="")
+    info.set_defaults(func=_info)
+    health = calls.add_parser("health", help="the server's health status (grpc.health.v1)")
+    health.set_defaults(func=_health)
+    return parser
+
+
+def _serve(args) -> int:
+    setup_logging(args.log_level)
+    asyncio.run(_serve_async(args))
+    return 0
+
+
+async def _serve_async(args) -> None:
+    from server.app import serve  # grpc.aio and the models load only for this command
+
+    await serve(load_config(args.config), args.host, args.port)
+
+
+def _client(args) -> LMServeClient:
+    return LMServeClient(args.server, timeout=args.timeout)
+
+
+def _score(args) -> int:
+    if args.input == "-":
+        sentences = read_lines(sys.stdin.buffer, "<stdin>")
+    else:
+        with open(args.input, "rb") as f:
+            sentences = read_lines(f, args.input)
+    unit = "log10prob" if args.log10 else "logprob"
+    tokens_unit = "token_log10probs" if args.log10 else "token_logprobs"
+    with _client(args) as client:
+        for start in range(0, len(sentences), SCORE_BATCH):
+            batch = sentences[start : start + SCORE_BATCH]
+            response = client.score_sentences(batch, args.model, args.per_token or args.format == "jsonl")
+            for text, s in zip(batch, response.sentences, strict=True):
+                if not s.HasField(args.score):
+                    raise ValueError(f"model {response.model!r} gives no {args.score} score (no n-gram or no λ)")
+                chosen = getattr(s, args.score)
+                if args.format == "jsonl":
+                    record = {"text": text, **MessageToDict(s, preserving_proto_field_name=True)}
+                    sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+                elif args.per_token:
+                    values = getattr(chosen, tokens_unit)
+                    pairs = " ".join(f"{w}={v:.4f}" for w, v in zip(s.tokens, values, strict=True))
+                    sys.stdout.write(f"{getattr(chosen, unit):.6f}\t{pairs}\n")
+                else:
+                    sys.stdout.write(f"{getattr(chosen, unit):.6f}\n")
+    return 0
+
+
+def _rescore(args) -> int:
+    nbest = read_nbest(args.list, args.format, args.references)
+    weights = {}
+    for item in filter(None, (x.strip() for x in args.weights.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--weights: {item!r} is not NAME=WEIGHT")
+        weights[name.strip()] = float(value)
+    combination = {
+        "profile": args.profile,
+        "weights": weights,
+        "definitions": args.define,
+        "interpolation_weight": args.lam,
+    }
+    with _client(args) as client:
+        call = client.rescore_kbest if args.kbest else client.rescore_nbest
+        result = call(nbest, args.model, **combination)
+    if args.out:
+        write_nbest(messages.ranked_lists(result), args.out, args.out_format)
+    summary = {"model": result.model, "profile": result.profile, "lists": len(result.lists)}
+    summary["weights"] = {w.feature: w.weight for w in result.weights}
+    if result.HasField("evaluation"):
+        e = result.evaluation
+        summary["evaluation"] = {
+            "metric": e.metric,
+            "first_pass": e.first_pass,
+            "rescored": e.rescored,
+            "oracle": e.oracle,
+            "changed_choices": e.changed_choices,
+            "bootstrap_p_value": e.bootstrap_p_value,
+            "signature": e.signature,
+        }
+    print(json.dumps(summary, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _models(args) -> int:
+    with _client(args) as client:
+        print(json.dumps(MessageToDict(client.list_models(), preserving_proto_field_name=True), indent=2))
+    return 0
+
+
+def _info(args) -> int:
+    with _client(args) as client:
+        print(json.dumps(MessageToDict(client.model_info(args.model), preserving_proto_field_name=True), indent=2))
+    return 0
+
+
+def _health(args) -> int:
+    with _client(args) as client:
+        status = client.health()
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except grpc.RpcError as e:
+        print(f"lm-serve: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 1
+    except (BundleError, NgramError, ValueError, OSError) as e:
+        print(f"lm-serve: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""A small blocking client for ``lm-serve``: one method per RPC, plain Python arguments in, response messages out.
+
+    with LMServeClient("127.0.0.1:50051") as client:
+        client.score_sentences(["the cat sat"]).sentences[0].neural.logprob
+        state = b""
+        for word in ["the", "cat"]:
+            state = client.score_next_words([word], state).words[0].state
+        client.rescore_nbest(read_nbest("dev.jsonl"), profile="dev_clean").evaluation.rescored
+
+Errors arrive as ``grpc.RpcError`` with the server's status code and message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rescoring.nbest import NBestEntry
+from server import messages
+from server.lmserve_pb import lmserve_pb2 as pb
+from server.lmserve_pb.lmserve_pb2_grpc import LMServiceStub
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+
+class LMServeClient:
+    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 60.0, max_message_bytes: int = 64 << 20):
+        """``timeout``: the deadline of each call, in seconds (None: none)."""
+        self.target = target
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+            ],
+        )
+        self.stub = LMServiceStub(self.channel)
+
+    def __enter__(self) -> LMServeClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def score_sentences(self, sentences: Sequence[str], model: str = "", per_token: bool = False):
+        request = pb.ScoreSentencesRequest(model=model, sentences=sentences, per_token=per_token)
+        return self.stub.ScoreSentences(request, timeout=self.timeout)
+
+    def rescore_nbest(self, lists: Iterable[NBestEntry | pb.HypothesisList], model: str = "", **combination):
+        """ASR lists; ``combination``: ``profile=NAME`` or ``weights={feature: weight}`` (with ``definitions``,
+        ``interpolation_weight``), and ``bootstrap_samples``. Returns the ``Rescored`` result."""
+        request = pb.RescoreNBestRequest(model=model, lists=_lists(lists))
+        _combine(request, **combination)
+        return self.stub.RescoreNBest(request, timeout=self.timeout).result
+
+    def rescore_kbest(self, lists: Iterable[NBestEntry | pb.HypothesisList], model: str = "", **combination):
+        """MT lists, evaluated with BLEU; as :meth:`rescore_nbest`."""
+        request = pb.RescoreKBestRequest(model=model, lists=_lists(lists))
+        _combine(request, **combination)
+        return self.stub.RescoreKBest(request, timeout=self.timeout).result
+
+    def score_next_words(
+        self,
+        candidates: Sequence[str] = (),
+        state: bytes = b"",
+        model: str = "",
+        top_k: int = 0,
+        all_words: bool = False,
+    ):
+        request = pb.ScoreNextWordsRequest(
+            model=model, state=state, candidates=candidates, top_k=top_k, all_words=all_words
+        )
+        return self.stub.ScoreNextWords(request, timeout=self.timeout)
+
+    def list_models(self):
+        return self.stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+
+    def model_info(self, model: str = ""):
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=self.timeout).model
+
+    def health(self, service: str = "") -> str:
+        """SERVING, NOT_SERVING, ... of the whole server (``""``) or one service."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+
+def _lists(lists: Iterable[NBestEntry | pb.HypothesisList]) -> list[pb.HypothesisList]:
+    return [x if isinstance(x, pb.HypothesisList) else messages.hypothesis_list(x) for x in lists]
+
+
+def _combine(
+    request,
+    profile: str = "",
+    weights: Mapping[str, float] | None = None,
+    definitions: Sequence[str] = (),
+    interpolation_weight: float = 0.0,
+    bootstrap_samples: int = 0,
+) -> None:
+    request.combination.CopyFrom(
+        pb.Combination(
+            profile=profile,
+            weights=dict(weights or {}),
+            definitions=definitions,
+            interpolation_weight=interpolation_weight,
+        )
+    )
+    request.bootstrap_samples = bootstrap_samples

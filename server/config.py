@@ -1,0 +1,167 @@
+"""The server's TOML config: where to listen, what a request may ask for, and which models to hold under which names.
+
+    [server]
+    host = "127.0.0.1"            # loopback by default: expose the service on purpose
+    port = 50051
+    workers = 2                   # scoring threads (ONNX Runtime and KenLM release the GIL)
+    scorer_threads = 1            # ONNX Runtime intra-op threads per model
+    default_model = "librispeech" # for requests that name no model; default: the first model below
+    max_concurrent_calls = 64     # calls beyond this are refused with RESOURCE_EXHAUSTED
+    grace_seconds = 5.0           # on SIGTERM/SIGINT, how long in-flight calls may take to finish
+
+    [limits]                      # a request beyond one is refused with RESOURCE_EXHAUSTED naming the limit
+    max_sentences = 1000          # ScoreSentences: sentences per request
+    max_words = 200               # words per sentence or hypothesis
+    max_lists = 500               # RescoreNBest/KBest: lists per request
+    max_hypotheses = 20000        # RescoreNBest/KBest: hypotheses per request, all lists together
+    max_candidates = 1000         # ScoreNextWords: candidates, or top_k
+    max_message_bytes = 16777216  # any request or response
+
+    [models.librispeech]          # one table per model; the name is what requests use
+    bundle = "bundles/gutenberg_rescore"   # paths are relative to this file
+    ngram = "ngrams/gutenberg_4gram.bin"   # optional KenLM model on the bundle's tokens
+    normalize = "librispeech"     # optional rescoring.textnorm preset; default: the bundle's own text settings
+    lambda = 0.5                  # optional per-word interpolation weight: ScoreSentences/ScoreNextWords add it
+    [models.librispeech.profiles] # weights files written by `lm-rescore tune`, by profile name
+    dev_clean = "rescore/dev_clean.weights.json"
+
+Unknown keys and wrong types are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+_KINDS = {int: "an integer", float: "a number", str: "a string"}
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file and key."""
+
+
+@dataclass
+class Limits:
+    max_sentences: int = 1000
+    max_words: int = 200
+    max_lists: int = 500
+    max_hypotheses: int = 20000
+    max_candidates: int = 1000
+    max_message_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    workers: int = 2
+    scorer_threads: int = 1
+    default_model: str = ""
+    max_concurrent_calls: int = 64
+    grace_seconds: float = 5.0
+
+
+@dataclass
+class ModelConfig:
+    bundle: Path
+    ngram: Path | None = None
+    normalize: str | None = None
+    lam: float | None = None
+    profiles: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class Config:
+    path: Path
+    server: ServerSettings
+    limits: Limits
+    models: dict[str, ModelConfig]
+
+    @property
+    def default_model(self) -> str:
+        return self.server.default_model or next(iter(self.models))
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config ({e.strerror})") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    _only(data, {"server", "limits", "models"}, path, "")
+    server = _section(ServerSettings, data.get("server", {}), path, "server")
+    limits = _section(Limits, data.get("limits", {}), path, "limits")
+    for name in ("workers", "scorer_threads", "max_concurrent_calls", "port"):
+        if getattr(server, name) < (0 if name == "port" else 1):
+            raise ConfigError(f"{path}: server.{name} = {getattr(server, name)} is too small")
+    for f in fields(Limits):
+        if getattr(limits, f.name) < 1:
+            raise ConfigError(f"{path}: limits.{f.name} must be at least 1")
+    models_table = data.get("models")
+    if not isinstance(models_table, dict) or not models_table:
+        raise ConfigError(f"{path}: no models: add a [models.NAME] table with a bundle path")
+    models = {name: _model(table, path, f"models.{name}") for name, table in models_table.items()}
+    if server.default_model and server.default_model not in models:
+        raise ConfigError(f"{path}: server.default_model = {server.default_model!r} is not one of {sorted(models)}")
+    return Config(path, server, limits, models)
+
+
+def _model(table: object, path: Path, where: str) -> ModelConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {where} must be a table")
+    _only(table, {"bundle", "ngram", "normalize", "lambda", "profiles"}, path, where)
+    bundle = _typed(table, "bundle", str, path, where, required=True)
+    ngram = _typed(table, "ngram", str, path, where)
+    normalize = _typed(table, "normalize", str, path, where)
+    lam = _typed(table, "lambda", (int, float), path, where)
+    if lam is not None and not 0.0 < lam < 1.0:
+        raise ConfigError(f"{path}: {where}.lambda = {lam}: expected a value in (0, 1)")
+    if lam is not None and ngram is None:
+        raise ConfigError(f"{path}: {where}.lambda needs {where}.ngram (it interpolates the two models)")
+    profiles = table.get("profiles", {})
+    if not isinstance(profiles, dict) or not all(isinstance(v, str) for v in profiles.values()):
+        raise ConfigError(f'{path}: {where}.profiles must be a table of NAME = "weights file"')
+    base = path.parent
+    return ModelConfig(
+        base / bundle,
+        None if ngram is None else base / ngram,
+        normalize,
+        None if lam is None else float(lam),
+        {name: base / file for name, file in profiles.items()},
+    )
+
+
+def _section(cls, table: object, path: Path, where: str):
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [{where}] must be a table")
+    known = {f.name: f for f in fields(cls)}
+    _only(table, set(known), path, where)
+    values = {}
+    for name, value in table.items():
+        kind = type(known[name].default)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) if kind is float else type(value) is kind
+        if not ok:
+            raise ConfigError(f"{path}: {where}.{name} = {value!r}: expected {_KINDS[kind]}")
+        values[name] = kind(value)
+    return cls(**values)
+
+
+def _only(table: dict, allowed: set[str], path: Path, where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(f"{path}: unknown key {prefix}{unknown[0]}; expected one of {sorted(allowed)}")
+
+
+def _typed(table: dict, key: str, kind, path: Path, where: str, required: bool = False):
+    value = table.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"{path}: {where}.{key} is missing")
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ConfigError(f"{path}: {where}.{key} = {value!r} has the wrong type")
+    return value

@@ -1,0 +1,40 @@
+"""Structured logs: one JSON object per line on stderr, so that a log shipper (or ``jq``) can read every field.
+
+Each call is one ``call`` line with the method, model, status code, duration and size; start-up, shutdown and
+internal errors (with their traceback) have their own lines. Fields go in through ``extra={"fields": {...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+LOGGER = "lmserve"
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **getattr(record, "fields", {}),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def setup_logging(level: str = "info", stream=None) -> logging.Logger:
+    """JSON lines on ``stream`` (stderr) for the ``lmserve`` logger; idempotent."""
+    logger = logging.getLogger(LOGGER)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+    if not logger.handlers:
+        handler = logging.StreamHandler(stream or sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        logger.addHandler(handler)
+    return logger

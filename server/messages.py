@@ -1,0 +1,175 @@
+"""Translation between the wire messages (``server.lmserve_pb``) and the engine's objects (``rescoring``), both ways,
+for the servicer and the client. Validation that needs the whole request lives in ``server.service``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from rescoring.interpolated import NextWord, TokenScores
+from rescoring.nbest import Hypothesis, NBestEntry, NBestList
+from rescoring.rescore import RESCORE_FEATURE, Setup
+from rescoring.scorer import LN10
+from server.lmserve_pb import lmserve_pb2 as pb
+from server.models import Profile, ServedModel
+
+EOS_TOKEN = "</s>"
+
+
+def normalisation(model: ServedModel) -> int:
+    return pb.NORMALISATION_EXACT if model.lm.scorer.normalised else pb.NORMALISATION_SELF_NORMALISED
+
+
+# -- ScoreSentences ---------------------------------------------------------------------------------------------
+
+
+def score(token_logprobs: np.ndarray, per_token: bool) -> pb.Score:
+    total = float(token_logprobs.sum())
+    message = pb.Score(logprob=total, log10prob=total / LN10)
+    if per_token:
+        message.token_logprobs.extend(token_logprobs.tolist())
+        message.token_log10probs.extend((token_logprobs / LN10).tolist())
+    return message
+
+
+def sentence_score(scores: TokenScores, per_token: bool) -> pb.SentenceScore:
+    message = pb.SentenceScore(neural=score(scores.neural, per_token), oov=scores.oov)
+    if scores.ngram is not None:
+        message.ngram.CopyFrom(score(scores.ngram, per_token))
+    if scores.interpolated is not None:
+        message.interpolated.CopyFrom(score(scores.interpolated, per_token))
+    if per_token:
+        message.tokens.extend([*scores.words, EOS_TOKEN])
+    return message
+
+
+# -- ScoreNextWords ---------------------------------------------------------------------------------------------
+
+
+def next_word(word: NextWord) -> pb.NextWord:
+    message = pb.NextWord(word=word.word, logprob=word.logprob, neural=word.neural, oov=word.oov, state=word.state)
+    if word.ngram is not None:
+        message.ngram = word.ngram
+    if word.interpolated is not None:
+        message.interpolated = word.interpolated
+    return message
+
+
+# -- RescoreNBest / RescoreKBest --------------------------------------------------------------------------------
+
+
+def hypothesis_list(entry: NBestEntry) -> pb.HypothesisList:
+    """A list to send (client side)."""
+    return pb.HypothesisList(
+        id=entry.id,
+        hypotheses=[pb.Hypothesis(text=h.text, features=h.features) for h in entry.hypotheses],
+        references=entry.references,
+        source=entry.source or "",
+    )
+
+
+def nbest_entry(message: pb.HypothesisList, where: str) -> NBestEntry:
+    """A received list; every feature must be a finite number (a NaN would silently poison the ranking)."""
+    hypotheses = []
+    for k, h in enumerate(message.hypotheses):
+        for name, value in h.features.items():
+            if not math.isfinite(value):
+                raise ValueError(f"{where}.hypotheses[{k}].features[{name!r}] = {value}: expected a finite number")
+        hypotheses.append(Hypothesis(h.text, dict(h.features)))
+    return NBestEntry(message.id, hypotheses, list(message.references), message.source or None)
+
+
+def ranked_lists(result: pb.Rescored) -> NBestList:
+    """A response's ranked lists as an n-best list to write (client side); ranks are the decoder's."""
+    entries = [
+        NBestEntry(
+            ranked.id,
+            [Hypothesis(h.text, dict(h.features), h.original_rank) for h in ranked.hypotheses],
+        )
+        for ranked in result.lists
+    ]
+    return NBestList(entries, "response")
+
+
+def ranked_list(entry: NBestEntry) -> pb.RankedList:
+    """An entry of ``rescoring.rescore.reranked``: sorted, with every feature and the combined score."""
+    return pb.RankedList(
+        id=entry.id,
+        hypotheses=[
+            pb.RankedHypothesis(
+                text=h.text, features=h.features, score=h.features[RESCORE_FEATURE], original_rank=h.rank
+            )
+            for h in entry.hypotheses
+        ],
+    )
+
+
+def feature_weights(setup: Setup) -> list[pb.FeatureWeight]:
+    return [pb.FeatureWeight(feature=f, weight=setup.weights[f]) for f in setup.features]
+
+
+def definition_text(name: str, terms: dict[str, float]) -> str:
+    """``am=0.6*decoder+0.4*ctc``: the form ``rescoring.features.parse_definition`` reads."""
+    parts = [f"{'-' if c < 0 else '+'}{abs(c):g}*{term}" for term, c in terms.items()]
+    return f"{name}={''.join(parts).removeprefix('+')}"
+
+
+def evaluation(report: dict) -> pb.Evaluation:
+    """``rescoring.rescore.report`` as a message; the whole report rides along as JSON."""
+    metric = report["metric"]
+    bootstrap = report["bootstrap"]
+    return pb.Evaluation(
+        metric=metric,
+        first_pass=report["1best"][metric],
+        rescored=report["rescored"][metric],
+        oracle=report["oracle"][metric],
+        changed_choices=report["changed_choices"],
+        bootstrap_delta=bootstrap["delta"],
+        bootstrap_p_value=bootstrap["p_value"],
+        signature=bootstrap["signature"],
+        report_json=json.dumps(report, default=float),
+    )
+
+
+# -- ListModels / GetModelInfo ----------------------------------------------------------------------------------
+
+
+def profile(p: Profile) -> pb.Profile:
+    return pb.Profile(
+        name=p.name,
+        weights=feature_weights(p.setup),
+        definitions=[definition_text(n, t) for n, t in p.setup.definitions.items()],
+        interpolation_weight=p.setup.lam or 0.0,
+        metric=p.record["metric"],
+        dev_set=str(p.record["dev_set"]),
+        dev_metric=float(p.record.get("dev_metric") or 0.0),
+    )
+
+
+def model_info(model: ServedModel, with_manifest: bool) -> pb.ModelInfo:
+    scorer, ngram = model.lm.scorer, model.lm.ngram
+    manifest = scorer.bundle.manifest
+    heldout = manifest["heldout"]
+    info = pb.ModelInfo(
+        name=model.name,
+        bundle=str(model.config.bundle),
+        fingerprint=scorer.fingerprint,
+        head=manifest["head"],
+        normalisation=normalisation(model),
+        vocab_size=len(scorer.bundle.tokens),
+        layers=scorer.layers,
+        hidden_size=scorer.state_size,
+        heldout_perplexity=float(heldout.get("ppl") or 0.0),
+        logz_mean=float(heldout.get("logz_mean") or 0.0),
+        logz_std=float(heldout.get("logz_std") or 0.0),
+        ngram="" if ngram is None else str(model.config.ngram),
+        ngram_order=0 if ngram is None else ngram.order,
+        normalisation_settings_json=json.dumps(scorer.normalizer.to_dict(), sort_keys=True),
+        interpolation_weight=model.lm.lam or 0.0,
+        profiles=[profile(p) for p in model.profiles.values()],
+    )
+    if with_manifest:
+        info.manifest_json = json.dumps(manifest, sort_keys=True)
+    return info

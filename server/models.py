@@ -1,0 +1,89 @@
+"""The models a server holds, by name: each a neural LM bundle, an optional n-gram, a text normalisation and weights
+profiles, loaded once at start-up and checked against each other so that a bad pairing fails there, not in a call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rescoring.interpolated import InterpolatedLM
+from rescoring.rescore import LanguageModels, Setup, setup_from_record
+from rescoring.tune import read_weights
+from server.config import Config, ConfigError, ModelConfig
+
+
+class UnknownModel(LookupError):
+    """A request named a model or profile the server does not hold; the message lists the ones it does."""
+
+
+@dataclass
+class Profile:
+    name: str
+    path: Path
+    record: dict  # the weights file, as read_weights checked it
+    setup: Setup
+
+
+@dataclass
+class ServedModel:
+    name: str
+    config: ModelConfig
+    lms: LanguageModels  # what rescoring uses: scorer, n-gram, normaliser
+    lm: InterpolatedLM  # what sentence and next-word scoring use: the same scorer and n-gram
+
+    profiles: dict[str, Profile]
+
+    @classmethod
+    def load(cls, name: str, config: ModelConfig, threads: int) -> ServedModel:
+        lms = LanguageModels.load(config.bundle, config.ngram, config.normalize, threads)
+        model = cls(name, config, lms, InterpolatedLM(lms.scorer, lms.ngram, config.lam), {})
+        for profile_name, path in config.profiles.items():
+            model.profiles[profile_name] = model._profile(profile_name, path)
+        return model
+
+    def _profile(self, name: str, path: Path) -> Profile:
+        """A weights file fits this model when it was tuned on the same text normalisation and uses only the LMs this
+        model has: otherwise its weights would combine features unlike the ones they were tuned on."""
+        record = read_weights(path)
+        setup = setup_from_record(record)
+        where = f"models.{self.name}.profiles.{name} ({path})"
+        tuned_with = record.get("setup", {}).get("normalize")
+        if tuned_with != self.config.normalize:
+            raise ConfigError(
+                f"{where}: tuned with normalize = {tuned_with!r}, the model uses {self.config.normalize!r}; "
+                "give the model the normalisation its weights were tuned with"
+            )
+        used = set(setup.features) | {t for terms in setup.definitions.values() for t in terms}
+        if self.lms.ngram is None and used & {"ngram", "interp"}:
+            raise ConfigError(
+                f"{where}: uses n-gram features {sorted(used & {'ngram', 'interp'})}; the model has no ngram"
+            )
+        return Profile(name, path, record, setup)
+
+    def profile(self, name: str) -> Profile:
+        if name not in self.profiles:
+            raise UnknownModel(
+                f"model {self.name!r} has no weights profile {name!r}; it has {sorted(self.profiles) or 'none'}"
+            )
+        return self.profiles[name]
+
+
+class ModelSet:
+    """The served models by name, and the default one for requests that name none."""
+
+    def __init__(self, models: dict[str, ServedModel], default: str):
+        self.models = models
+        self.default = default
+
+    @classmethod
+    def load(cls, config: Config) -> ModelSet:
+        models = {
+            name: ServedModel.load(name, model, config.server.scorer_threads) for name, model in config.models.items()
+        }
+        return cls(models, config.default_model)
+
+    def get(self, name: str) -> ServedModel:
+        model = self.models.get(name or self.default)
+        if model is None:
+            raise UnknownModel(f"unknown model {name!r}; this server has {sorted(self.models)}")
+        return model

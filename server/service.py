@@ -1,0 +1,263 @@
+"""The ``lmserve.v1.LMService`` servicer: check a request against the limits, run the engine (``rescoring``) in the
+scoring thread pool, translate the result. Nothing here scores.
+
+Every method goes through :func:`LMServicer.handler`, which parses the request bytes itself (so invalid UTF-8 is an
+``INVALID_ARGUMENT`` naming the message, not an internal error), maps errors to status codes, and logs one JSON line
+per call. Work runs in chunks (sentences, lists) with the deadline checked between them, so a call whose deadline
+passed or whose client went away stops within one chunk instead of scoring to the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from rescoring import lmscores
+from rescoring.features import check_features, parse_definition
+from rescoring.nbest import NBestList
+from rescoring.rescore import Setup, report, reranked
+from server import messages
+from server.config import Limits
+from server.lmserve_pb import lmserve_pb2 as pb
+from server.logs import LOGGER
+from server.models import ModelSet, ServedModel, UnknownModel
+
+SERVICE = pb.DESCRIPTOR.services_by_name["LMService"]
+SENTENCES_PER_CHUNK = 256  # a chunk keeps the scorer's batches full and stops a cancelled call within ~0.1 s
+LISTS_PER_CHUNK = 16
+DEFAULT_BOOTSTRAP_SAMPLES = 1000
+MAX_BOOTSTRAP_SAMPLES = 10000
+
+log = logging.getLogger(LOGGER)
+
+
+class RequestError(Exception):
+    """A call that fails with a status code and a message the client can act on."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def too_many(what: str, given: int, limit: int, advice: str = "split the request") -> RequestError:
+    return RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{what}: {given} given, at most {limit}; {advice}")
+
+
+def invalid(message: str) -> RequestError:
+    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+class LMServicer:
+    def __init__(self, models: ModelSet, limits: Limits, pool: Executor):
+        self.models = models
+        self.limits = limits
+        self.pool = pool
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        """Every method of the service, each taking the request as bytes (see the module docstring)."""
+        handlers = {}
+        for method in SERVICE.methods:
+            request_class = getattr(pb, method.input_type.name)
+            response_class = getattr(pb, method.output_type.name)
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                self.handler(method.name, request_class, getattr(self, method.name)),
+                request_deserializer=None,
+                response_serializer=response_class.SerializeToString,
+            )
+        return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+
+    def handler(self, name: str, request_class, behaviour: Callable):
+        async def call(raw: bytes, context: grpc.aio.ServicerContext):
+            start = time.perf_counter()
+            fields = {"method": name, "peer": context.peer(), "request_bytes": len(raw)}
+            try:
+                try:
+                    request = request_class.FromString(raw)
+                except DecodeError as e:
+                    raise invalid(
+                        f"not a valid {request_class.DESCRIPTOR.full_name} ({e}); text fields must be valid UTF-8"
+                    ) from None
+                if "model" in request.DESCRIPTOR.fields_by_name:
+                    fields["model"] = request.model or self.models.default
+                response = await behaviour(request, context)
+            except RequestError as e:
+                error = e
+            except UnknownModel as e:
+                error = RequestError(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
+            except ValueError as e:  # the engine's checks of its input name the field and what was expected
+                error = invalid(str(e))
+            except asyncio.CancelledError:
+                _log_call(fields, "CANCELLED", start)
+                raise
+            except Exception:
+                log.exception("internal error", extra={"fields": fields})
+                error = RequestError(grpc.StatusCode.INTERNAL, f"{name}: internal error (the server log has details)")
+            else:
+                _log_call(fields, "OK", start, response_bytes=response.ByteSize())
+                return response
+            _log_call(fields, error.code.name, start, error=error.message)
+            await context.abort(error.code, error.message)
+
+        return call
+
+    async def run(self, context: grpc.aio.ServicerContext, fn: Callable, *args):
+        """``fn(*args)`` in the scoring pool, unless the deadline has already passed; the event loop stays free."""
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before the work was done")
+        return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args))
+
+    async def run_chunks(self, context, fn: Callable[[Sequence], list], items: Sequence, size: int) -> list:
+        out = []
+        for start in range(0, len(items), size):
+            out.extend(await self.run(context, fn, items[start : start + size]))
+        return out
+
+    # -- checks ------------------------------------------------------------------------------------------------
+
+    def check_words(self, texts: Sequence[str], where: Callable[[int], str]) -> None:
+        limit = self.limits.max_words
+        for i, text in enumerate(texts):
+            words = len(text.split())
+            if words > limit:
+                raise too_many(f"{where(i)}: words", words, limit, "shorten or split the sentence")
+
+    # -- RPCs --------------------------------------------------------------------------------------------------
+
+    async def ScoreSentences(self, request: pb.ScoreSentencesRequest, context) -> pb.ScoreSentencesResponse:
+        model = self.models.get(request.model)
+        sentences = list(request.sentences)
+        if not sentences:
+            raise invalid("sentences: empty; give at least one sentence (an empty string scores </s> alone)")
+        if len(sentences) > self.limits.max_sentences:
+            raise too_many("sentences", len(sentences), self.limits.max_sentences)
+        self.check_words(sentences, lambda i: f"sentences[{i}]")
+        scores = await self.run_chunks(context, model.lm.score, sentences, SENTENCES_PER_CHUNK)
+        return pb.ScoreSentencesResponse(
+            model=model.name,
+            normalisation=messages.normalisation(model),
+            sentences=[messages.sentence_score(s, request.per_token) for s in scores],
+        )
+
+    async def ScoreNextWords(self, request: pb.ScoreNextWordsRequest, context) -> pb.ScoreNextWordsResponse:
+        model = self.models.get(request.model)
+        modes = sum([bool(request.candidates), request.top_k > 0, request.all_words])
+        if modes != 1:
+            raise invalid("give exactly one of candidates, top_k or all_words")
+        limit = self.limits.max_candidates
+        if len(request.candidates) > limit:
+            raise too_many("candidates", len(request.candidates), limit, "ask in several calls with the same state")
+        if request.top_k > limit:
+            raise too_many("top_k", request.top_k, limit, "ask for fewer words")
+        candidates = list(request.candidates) or None
+        words = await self.run(
+            context, model.lm.next_words, request.state, candidates, request.top_k, not request.all_words
+        )
+        return pb.ScoreNextWordsResponse(
+            model=model.name,
+            normalisation=messages.normalisation(model),
+            words=[messages.next_word(w) for w in words],
+        )
+
+    async def RescoreNBest(self, request: pb.RescoreNBestRequest, context) -> pb.RescoreNBestResponse:
+        return pb.RescoreNBestResponse(result=await self.rescore(request, context, "wer"))
+
+    async def RescoreKBest(self, request: pb.RescoreKBestRequest, context) -> pb.RescoreKBestResponse:
+        return pb.RescoreKBestResponse(result=await self.rescore(request, context, "bleu"))
+
+    async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse(
+            models=[messages.model_info(m, with_manifest=False) for m in self.models.models.values()],
+            default_model=self.models.default,
+        )
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.GetModelInfoResponse:
+        return pb.GetModelInfoResponse(model=messages.model_info(self.models.get(request.model), with_manifest=True))
+
+    # -- rescoring ---------------------------------------------------------------------------------------------
+
+    async def rescore(self, request, context, metric: str) -> pb.Rescored:
+        model = self.models.get(request.model)
+        if not request.lists:
+            raise invalid("lists: empty; give at least one hypothesis list")
+        if len(request.lists) > self.limits.max_lists:
+            raise too_many("lists", len(request.lists), self.limits.max_lists)
+        hypotheses = sum(len(x.hypotheses) for x in request.lists)
+        if hypotheses > self.limits.max_hypotheses:
+            raise too_many("hypotheses (all lists)", hypotheses, self.limits.max_hypotheses)
+        samples = request.bootstrap_samples or DEFAULT_BOOTSTRAP_SAMPLES
+        if samples > MAX_BOOTSTRAP_SAMPLES:
+            raise too_many("bootstrap_samples", samples, MAX_BOOTSTRAP_SAMPLES, "ask for fewer")
+        entries = []
+        for i, message in enumerate(request.lists):
+            where = f"lists[{i}] (id {message.id!r})"
+            if not message.hypotheses:
+                raise invalid(f"{where}: no hypotheses")
+            self.check_words([h.text for h in message.hypotheses], lambda k, where=where: f"{where}.hypotheses[{k}]")
+            entries.append(messages.nbest_entry(message, f"lists[{i}]"))
+        with_refs = [bool(e.references) for e in entries]
+        if any(with_refs) and not all(with_refs):
+            missing = with_refs.index(False)
+            raise invalid(f"lists[{missing}] has no references but others do: give references for every list or none")
+        nbest = NBestList(entries, "lists")
+        setup, profile = self.combination(model, request.combination)
+        check_features(nbest, setup.features, setup.definitions, setup.lam, True)
+
+        def lm_scores(chunk: Sequence) -> list:
+            lms = model.lms
+            return lmscores.compute(NBestList(list(chunk)), lms.scorer, lms.ngram, lms.normalizer)
+
+        scores = await self.run_chunks(context, lm_scores, entries, LISTS_PER_CHUNK)
+
+        def finish() -> pb.Rescored:
+            result = pb.Rescored(
+                model=model.name,
+                profile=profile,
+                weights=messages.feature_weights(setup),
+                interpolation_weight=setup.lam or 0.0,
+                lists=[messages.ranked_list(e) for e in reranked(nbest, setup, scores)],
+            )
+            if all(with_refs):
+                chosen, _ = setup.choose(nbest, scores)
+                result.evaluation.CopyFrom(messages.evaluation(report(nbest, chosen, metric, samples)))
+            return result
+
+        return await self.run(context, finish)
+
+    def combination(self, model: ServedModel, combination: pb.Combination) -> tuple[Setup, str]:
+        """The setup a request asks for: a profile of the model, or inline weights (with definitions and λ)."""
+        if combination.profile:
+            if combination.weights or combination.definitions or combination.interpolation_weight:
+                raise invalid(
+                    "combination: a profile carries its own weights, definitions and λ; give a profile or weights"
+                )
+            return model.profile(combination.profile).setup, combination.profile
+        if not combination.weights:
+            raise invalid(
+                f"combination: give a profile (model {model.name!r} has {sorted(model.profiles) or 'none'}) "
+                "or weights by feature name"
+            )
+        for name, weight in combination.weights.items():
+            if not math.isfinite(weight):
+                raise invalid(f"combination.weights[{name!r}] = {weight}: expected a finite number")
+        definitions = dict(parse_definition(d) for d in combination.definitions)
+        uses_interp = "interp" in combination.weights or any("interp" in d for d in definitions.values())
+        lam = (combination.interpolation_weight or model.lm.lam) if uses_interp else None
+        if lam is not None and not 0.0 < lam < 1.0:
+            raise invalid(f"combination.interpolation_weight = {lam}: expected a value in (0, 1)")
+        return Setup(list(combination.weights), definitions, lam, dict(combination.weights)), ""
+
+
+def _log_call(fields: dict, code: str, start: float, **more) -> None:
+    ms = round((time.perf_counter() - start) * 1000, 3)
+    level = logging.INFO if code in ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED") else logging.WARNING
+    log.log(level, "call", extra={"fields": {**fields, "code": code, "ms": ms, **more}})
