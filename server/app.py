@@ -2,7 +2,8 @@
 ``grpcurl`` and load balancers work without the proto), a scoring thread pool, and shutdown on SIGTERM/SIGINT.
 
 Scoring runs in the pool, not on the event loop: ONNX Runtime and KenLM release the GIL, so calls are parsed,
-checked and answered while others score. Micro-batching, metrics and hot reload will hook in here.
+checked and answered while others score. Prometheus metrics, when configured, are served over HTTP on a port of
+their own. Micro-batching and hot reload will hook in here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from server.config import Config
 from server.logs import LOGGER
+from server.metrics import Metrics
 from server.models import ModelSet
 from server.service import SERVICE, LMServicer
 
@@ -39,7 +41,9 @@ class LMServer:
             ],
             maximum_concurrent_rpcs=config.server.max_concurrent_calls,
         )
-        self.server.add_generic_rpc_handlers((LMServicer(models, config.limits, self.pool).generic_handler(),))
+        self.metrics = Metrics() if config.server.metrics_port >= 0 else None
+        servicer = LMServicer(models, config.limits, self.pool, self.metrics)
+        self.server.add_generic_rpc_handlers((servicer.generic_handler(),))
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE.full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
@@ -47,7 +51,7 @@ class LMServer:
         self.port = 0
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
-        """Bind (port 0: a free one) and start; returns the port."""
+        """Bind (port 0: a free one) and start; returns the port. The metrics endpoint listens on the same host."""
         host = host or self.config.server.host
         port = self.config.server.port if port is None else port
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -58,6 +62,14 @@ class LMServer:
         if not self.port:
             raise OSError(f"cannot listen on {address} (is the port in use?)")
         await self.server.start()
+        if self.metrics is not None:
+            metrics_port = self.config.server.metrics_port
+            try:
+                bound = self.metrics.serve(host, metrics_port)
+            except OSError as e:
+                await self.server.stop(None)
+                raise OSError(f"cannot serve metrics on {host}:{metrics_port}: {e.strerror}") from e
+            log.info("metrics", extra={"fields": {"host": host, "port": bound, "path": "/metrics"}})
         for service in ("", SERVICE.full_name):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -73,6 +85,8 @@ class LMServer:
         log.info("stopping", extra={"fields": {"grace_seconds": grace}})
         await self.server.stop(grace)
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.metrics is not None:
+            self.metrics.stop()
         log.info("stopped")
 
     async def serve_until_signal(self) -> None:
@@ -84,8 +98,10 @@ class LMServer:
         await self.stop()
 
 
-async def serve(config: Config, host: str | None = None, port: int | None = None) -> None:
+async def serve(config: Config, host: str | None = None, port: int | None = None, metrics_port: int | None = None):
     """Load the models, listen, serve until SIGTERM or SIGINT."""
+    if metrics_port is not None:
+        config.server.metrics_port = metrics_port
     models = ModelSet.load(config)
     server = LMServer(config, models)
     await server.start(host, port)

@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True, type=Path, help="TOML config (server/config.py documents it)")
     serve.add_argument("--host", help="address to bind (default: the config's, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: the config's, else 50051; 0 = any free port)")
+    serve.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (0 = any free port, -1 = off)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.set_defaults(func=_serve)
 
@@ -93,7 +94,7 @@ def _serve(args) -> int:
 async def _serve_async(args) -> None:
     from server.app import serve  # grpc.aio and the models load only for this command
 
-    await serve(load_config(args.config), args.host, args.port)
+    await serve(load_config(args.config), args.host, args.port, args.metrics_port)
 
 
 def _client(args) -> LMServeClient:

@@ -8,6 +8,7 @@
     default_model = "librispeech" # for requests that name no model; default: the first model below
     max_concurrent_calls = 64     # calls beyond this are refused with RESOURCE_EXHAUSTED
     grace_seconds = 5.0           # on SIGTERM/SIGINT, how long in-flight calls may take to finish
+    metrics_port = 9090           # Prometheus /metrics over HTTP on the same host; 0: any free port; -1 (default): off
 
     [limits]                      # a request beyond one is refused with RESOURCE_EXHAUSTED naming the limit
     max_sentences = 1000          # ScoreSentences: sentences per request
@@ -60,6 +61,7 @@ class ServerSettings:
     default_model: str = ""
     max_concurrent_calls: int = 64
     grace_seconds: float = 5.0
+    metrics_port: int = -1
 
 
 @dataclass
@@ -94,9 +96,11 @@ def load_config(path: str | Path) -> Config:
     _only(data, {"server", "limits", "models"}, path, "")
     server = _section(ServerSettings, data.get("server", {}), path, "server")
     limits = _section(Limits, data.get("limits", {}), path, "limits")
-    for name in ("workers", "scorer_threads", "max_concurrent_calls", "port"):
-        if getattr(server, name) < (0 if name == "port" else 1):
-            raise ConfigError(f"{path}: server.{name} = {getattr(server, name)} is too small")
+    for name, least in (("workers", 1), ("scorer_threads", 1), ("max_concurrent_calls", 1), ("port", 0)):
+        if getattr(server, name) < least:
+            raise ConfigError(f"{path}: server.{name} = {getattr(server, name)}: expected at least {least}")
+    if server.metrics_port < -1:
+        raise ConfigError(f"{path}: server.metrics_port = {server.metrics_port}: expected a port, 0 (any) or -1 (off)")
     for f in fields(Limits):
         if getattr(limits, f.name) < 1:
             raise ConfigError(f"{path}: limits.{f.name} must be at least 1")

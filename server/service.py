@@ -3,7 +3,7 @@ scoring thread pool, translate the result. Nothing here scores.
 
 Every method goes through :func:`LMServicer.handler`, which parses the request bytes itself (so invalid UTF-8 is an
 ``INVALID_ARGUMENT`` naming the message, not an internal error), maps errors to status codes, and logs one JSON line
-per call. Work runs in chunks (sentences, lists) with the deadline checked between them, so a call whose deadline
+per call (and counts it in the Prometheus metrics, when the server has them). Work runs in chunks (sentences, lists) with the deadline checked between them, so a call whose deadline
 passed or whose client went away stops within one chunk instead of scoring to the end.
 """
 
@@ -28,6 +28,7 @@ from server import messages
 from server.config import Limits
 from server.lmserve_pb import lmserve_pb2 as pb
 from server.logs import LOGGER
+from server.metrics import Metrics
 from server.models import ModelSet, ServedModel, UnknownModel
 
 SERVICE = pb.DESCRIPTOR.services_by_name["LMService"]
@@ -57,10 +58,11 @@ def invalid(message: str) -> RequestError:
 
 
 class LMServicer:
-    def __init__(self, models: ModelSet, limits: Limits, pool: Executor):
+    def __init__(self, models: ModelSet, limits: Limits, pool: Executor, metrics: Metrics | None = None):
         self.models = models
         self.limits = limits
         self.pool = pool
+        self.metrics = metrics
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         """Every method of the service, each taking the request as bytes (see the module docstring)."""
@@ -76,9 +78,13 @@ class LMServicer:
         return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
 
     def handler(self, name: str, request_class, behaviour: Callable):
+        """``behaviour(request, context, fields)`` answers the call; it may add log fields (``tokens`` scored)."""
+
         async def call(raw: bytes, context: grpc.aio.ServicerContext):
             start = time.perf_counter()
             fields = {"method": name, "peer": context.peer(), "request_bytes": len(raw)}
+            if self.metrics:
+                self.metrics.in_flight.inc()
             try:
                 try:
                     request = request_class.FromString(raw)
@@ -88,7 +94,7 @@ class LMServicer:
                     ) from None
                 if "model" in request.DESCRIPTOR.fields_by_name:
                     fields["model"] = request.model or self.models.default
-                response = await behaviour(request, context)
+                response = await behaviour(request, context, fields)
             except RequestError as e:
                 error = e
             except UnknownModel as e:
@@ -96,18 +102,29 @@ class LMServicer:
             except ValueError as e:  # the engine's checks of its input name the field and what was expected
                 error = invalid(str(e))
             except asyncio.CancelledError:
-                _log_call(fields, "CANCELLED", start)
+                self.done(fields, "CANCELLED", start)
                 raise
             except Exception:
                 log.exception("internal error", extra={"fields": fields})
                 error = RequestError(grpc.StatusCode.INTERNAL, f"{name}: internal error (the server log has details)")
             else:
-                _log_call(fields, "OK", start, response_bytes=response.ByteSize())
+                self.done(fields, "OK", start, response_bytes=response.ByteSize())
                 return response
-            _log_call(fields, error.code.name, start, error=error.message)
+            self.done(fields, error.code.name, start, error=error.message)
             await context.abort(error.code, error.message)
 
         return call
+
+    def done(self, fields: dict, code: str, start: float, **more) -> None:
+        """One log line per call, and its metrics."""
+        seconds = time.perf_counter() - start
+        level = (
+            logging.INFO if code in ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED") else logging.WARNING
+        )
+        log.log(level, "call", extra={"fields": {**fields, "code": code, "ms": round(seconds * 1000, 3), **more}})
+        if self.metrics:
+            self.metrics.in_flight.dec()
+            self.metrics.observe(fields["method"], code, seconds, fields.get("model"), fields.get("tokens", 0))
 
     async def run(self, context: grpc.aio.ServicerContext, fn: Callable, *args):
         """``fn(*args)`` in the scoring pool, unless the deadline has already passed; the event loop stays free."""
@@ -133,7 +150,7 @@ class LMServicer:
 
     # -- RPCs --------------------------------------------------------------------------------------------------
 
-    async def ScoreSentences(self, request: pb.ScoreSentencesRequest, context) -> pb.ScoreSentencesResponse:
+    async def ScoreSentences(self, request: pb.ScoreSentencesRequest, context, fields) -> pb.ScoreSentencesResponse:
         model = self.models.get(request.model)
         sentences = list(request.sentences)
         if not sentences:
@@ -142,13 +159,14 @@ class LMServicer:
             raise too_many("sentences", len(sentences), self.limits.max_sentences)
         self.check_words(sentences, lambda i: f"sentences[{i}]")
         scores = await self.run_chunks(context, model.lm.score, sentences, SENTENCES_PER_CHUNK)
+        fields["tokens"] = sum(len(s.neural) for s in scores)
         return pb.ScoreSentencesResponse(
             model=model.name,
             normalisation=messages.normalisation(model),
             sentences=[messages.sentence_score(s, request.per_token) for s in scores],
         )
 
-    async def ScoreNextWords(self, request: pb.ScoreNextWordsRequest, context) -> pb.ScoreNextWordsResponse:
+    async def ScoreNextWords(self, request: pb.ScoreNextWordsRequest, context, fields) -> pb.ScoreNextWordsResponse:
         model = self.models.get(request.model)
         modes = sum([bool(request.candidates), request.top_k > 0, request.all_words])
         if modes != 1:
@@ -162,30 +180,31 @@ class LMServicer:
         words = await self.run(
             context, model.lm.next_words, request.state, candidates, request.top_k, not request.all_words
         )
+        fields["tokens"] = len(words)
         return pb.ScoreNextWordsResponse(
             model=model.name,
             normalisation=messages.normalisation(model),
             words=[messages.next_word(w) for w in words],
         )
 
-    async def RescoreNBest(self, request: pb.RescoreNBestRequest, context) -> pb.RescoreNBestResponse:
-        return pb.RescoreNBestResponse(result=await self.rescore(request, context, "wer"))
+    async def RescoreNBest(self, request: pb.RescoreNBestRequest, context, fields) -> pb.RescoreNBestResponse:
+        return pb.RescoreNBestResponse(result=await self.rescore(request, context, fields, "wer"))
 
-    async def RescoreKBest(self, request: pb.RescoreKBestRequest, context) -> pb.RescoreKBestResponse:
-        return pb.RescoreKBestResponse(result=await self.rescore(request, context, "bleu"))
+    async def RescoreKBest(self, request: pb.RescoreKBestRequest, context, fields) -> pb.RescoreKBestResponse:
+        return pb.RescoreKBestResponse(result=await self.rescore(request, context, fields, "bleu"))
 
-    async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
+    async def ListModels(self, request: pb.ListModelsRequest, context, fields) -> pb.ListModelsResponse:
         return pb.ListModelsResponse(
             models=[messages.model_info(m, with_manifest=False) for m in self.models.models.values()],
             default_model=self.models.default,
         )
 
-    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.GetModelInfoResponse:
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context, fields) -> pb.GetModelInfoResponse:
         return pb.GetModelInfoResponse(model=messages.model_info(self.models.get(request.model), with_manifest=True))
 
     # -- rescoring ---------------------------------------------------------------------------------------------
 
-    async def rescore(self, request, context, metric: str) -> pb.Rescored:
+    async def rescore(self, request, context, fields: dict, metric: str) -> pb.Rescored:
         model = self.models.get(request.model)
         if not request.lists:
             raise invalid("lists: empty; give at least one hypothesis list")
@@ -217,6 +236,7 @@ class LMServicer:
             return lmscores.compute(NBestList(list(chunk)), lms.scorer, lms.ngram, lms.normalizer)
 
         scores = await self.run_chunks(context, lm_scores, entries, LISTS_PER_CHUNK)
+        fields["tokens"] = sum(len(h.neural) for row in scores for h in row)
 
         def finish() -> pb.Rescored:
             result = pb.Rescored(
@@ -255,9 +275,3 @@ class LMServicer:
         if lam is not None and not 0.0 < lam < 1.0:
             raise invalid(f"combination.interpolation_weight = {lam}: expected a value in (0, 1)")
         return Setup(list(combination.weights), definitions, lam, dict(combination.weights)), ""
-
-
-def _log_call(fields: dict, code: str, start: float, **more) -> None:
-    ms = round((time.perf_counter() - start) * 1000, 3)
-    level = logging.INFO if code in ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED") else logging.WARNING
-    log.log(level, "call", extra={"fields": {**fields, "code": code, "ms": ms, **more}})

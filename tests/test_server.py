@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -73,7 +74,7 @@ def setup_dir(bundles, tmp_path_factory):
     write_weights(root / "dev.weights.json", tuned.result, setup_record(models, tuned.setup))
     limits = "\n".join(f"{k} = {v}" for k, v in LIMITS.items())
     (root / "serve.toml").write_text(
-        f'[server]\nworkers = 2\ndefault_model = "exact"\n\n[limits]\n{limits}\n\n'
+        f'[server]\nworkers = 2\ndefault_model = "exact"\nmetrics_port = 0\n\n[limits]\n{limits}\n\n'
         f'[models.exact]\nbundle = "{exact}"\nngram = "train3.bin"\nlambda = {LAMBDA}\n'
         '[models.exact.profiles]\ndev = "dev.weights.json"\n\n'
         f'[models.selfnorm]\nbundle = "{selfnorm}"\n'
@@ -93,16 +94,13 @@ def server(setup_dir):
             stderr=err,
         )
     deadline = time.monotonic() + 60
-    port = None
-    while port is None:
-        for line in log.read_text().splitlines():
-            record = json.loads(line)
-            if record["message"] == "listening":
-                port = record["port"]
+    ports = {}
+    while "listening" not in ports or "metrics" not in ports:
+        ports = {r["message"]: r.get("port") for r in map(json.loads, log.read_text().splitlines())}
         assert proc.poll() is None, f"the server exited: {log.read_text()}"
         assert time.monotonic() < deadline, f"the server did not start: {log.read_text()}"
         time.sleep(0.1)
-    yield f"127.0.0.1:{port}", log
+    yield f"127.0.0.1:{ports['listening']}", log, f"http://127.0.0.1:{ports['metrics']}/metrics"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0, log.read_text()
     records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -335,6 +333,23 @@ def test_deadlines_end_calls(server, client):
         time.sleep(0.1)
     assert ended and ended[-1] in ("CANCELLED", "DEADLINE_EXCEEDED")
     assert client.score_sentences(["w1"]).sentences[0].neural.logprob < 0
+
+
+def test_prometheus_metrics(server, client):
+    """Calls by method and code, latency histograms and tokens scored, on the metrics port."""
+    client.score_sentences(["w1 w2", "w3"], "selfnorm")
+    status_of(client.model_info, "nope")
+    text = urllib.request.urlopen(server[2], timeout=10).read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    assert samples['lmserve_requests_total{code="OK",method="ScoreSentences"}'] >= 1
+    assert samples['lmserve_requests_total{code="NOT_FOUND",method="GetModelInfo"}'] >= 1
+    assert samples['lmserve_request_seconds_bucket{le="+Inf",method="ScoreSentences"}'] >= 1
+    assert samples['lmserve_tokens_scored_total{method="ScoreSentences",model="selfnorm"}'] >= 5  # 3 + 2 tokens
+    assert samples["lmserve_requests_in_flight"] == 0
 
 
 # -- the command line ------------------------------------------------------------------------------------------
