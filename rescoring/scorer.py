@@ -224,7 +224,11 @@ class Scorer:
 
     def _run_forest(self, forest: _PrefixForest, max_batch_rows: int) -> np.ndarray:
         """Score every edge of the forest (by child node): one LSTM step per node that has children, all trees
-        advancing together one depth at a time, each node starting from its parent's output state."""
+        advancing together one depth at a time, each node starting from its parent's output state.
+
+        A node's children are its step's candidates. Nodes are grouped by child count (1, 2, 3-4, 5-8, ...) so that
+        padding the candidate matrix to its widest row costs at most twice the real candidates: most nodes of an
+        n-best list have one child, and padding every row to the root's 30 would score 30 times too many words."""
         if not forest.token:
             return np.zeros(0, dtype=np.float32)
         token, parent, depth = (np.asarray(x) for x in (forest.token, forest.parent, forest.depth))
@@ -248,27 +252,33 @@ class Scorer:
             order = np.argsort(kid_rows, kind="stable")
             kids, kid_rows = kids[order], kid_rows[order]
             rank = np.arange(len(kids)) - np.searchsorted(kid_rows, kid_rows)  # position among its siblings
-            candidates = np.zeros((len(steppers), rank.max() + 1), dtype=np.int64)
-            candidates[kid_rows, rank] = token[kids]
-            scores, h_parts, c_parts = [], [], []
-            for start in range(0, len(steppers), max_batch_rows):
-                part = slice(start, start + max_batch_rows)
-                out = self.sessions["step"].run(
-                    None,
-                    {
-                        "prev_ids": token[steppers[part]],
-                        "h": h_in[:, part],
-                        "c": c_in[:, part],
-                        "candidates": candidates[part],
-                    },
-                )
-                scores.append(out[0])
-                h_parts.append(out[1])
-                c_parts.append(out[2])
-                self.stats.calls += 1
+            children = np.bincount(kid_rows, minlength=len(steppers))
+            group = np.ceil(np.log2(children)).astype(np.int64)
+            h, c = np.empty_like(h_in), np.empty_like(c_in)
+            local = np.empty(len(steppers), dtype=np.int64)  # a stepper's row within its group
+            for g in np.unique(group):
+                members = np.flatnonzero(group == g)
+                local[members] = np.arange(len(members))
+                edges = np.flatnonzero(group[kid_rows] == g)
+                candidates = np.zeros((len(members), children[members].max()), dtype=np.int64)
+                candidates[local[kid_rows[edges]], rank[edges]] = token[kids[edges]]
+                scores = np.empty(candidates.shape, dtype=np.float32)
+                for start in range(0, len(members), max_batch_rows):
+                    part = members[start : start + max_batch_rows]
+                    out = self.sessions["step"].run(
+                        None,
+                        {
+                            "prev_ids": token[steppers[part]],
+                            "h": h_in[:, part],
+                            "c": c_in[:, part],
+                            "candidates": candidates[start : start + max_batch_rows],
+                        },
+                    )
+                    scores[start : start + len(part)] = out[0]
+                    h[:, part], c[:, part] = out[1], out[2]
+                    self.stats.calls += 1
+                edge_scores[kids[edges]] = scores[local[kid_rows[edges]], rank[edges]]
             self.stats.lstm_steps += len(steppers)
-            edge_scores[kids] = np.concatenate(scores)[kid_rows, rank]
-            h, c = np.concatenate(h_parts, axis=1), np.concatenate(c_parts, axis=1)
         return edge_scores
 
 
