@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from benchmarks.common import ROOT, write_result
 
 CONFIG = ROOT / "configs" / "ptb_selfnorm.toml"
-SETTINGS = [(0.0, 1.0), (0.01, 1.0), (0.1, 1.0), (1.0, 1.0), (0.1, 0.1), (1.0, 0.1)]
+SETTINGS = [(0.0, 1.0), (0.01, 1.0), (0.1, 1.0), (0.5, 1.0), (1.0, 1.0), (0.1, 0.1), (1.0, 0.1)]
 
 
 def run_setting(alpha: float, gamma: float) -> dict:
@@ -42,7 +42,9 @@ def run_setting(alpha: float, gamma: float) -> dict:
         ]
     if command is not None:
         with (ROOT / "var" / "logs" / f"{run_dir.name}.log").open("a") as log:
-            subprocess.run([sys.executable, "-m", "training.cli", *command], check=True, stdout=log, stderr=log, cwd=ROOT)
+            subprocess.run(
+                [sys.executable, "-m", "training.cli", *command], check=True, stdout=log, stderr=log, cwd=ROOT
+            )
     results = json.loads((run_dir / "results.json").read_text())
     test = results["test"]
     return {
