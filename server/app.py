@@ -1,14 +1,19 @@
-"""The running service: an asyncio gRPC server with the LM service, standard health checking and reflection (so
-``grpcurl`` and load balancers work without the proto), a scoring thread pool, and shutdown on SIGTERM/SIGINT.
+"""The running service: an asyncio gRPC server with the LM service, the Admin service, standard health checking and
+reflection (so ``grpcurl`` and load balancers work without the proto), a scoring thread pool, optional TLS, hot reload
+on SIGHUP and a graceful drain on SIGTERM/SIGINT.
 
 Scoring runs in the pool, not on the event loop: ONNX Runtime and KenLM release the GIL, so calls are parsed,
-checked and answered while others score. Prometheus metrics, when configured, are served over HTTP on a port of
-their own. Micro-batching and hot reload will hook in here.
+checked and answered while others score; concurrent calls of a model are merged into one scorer call on the way
+(``server.batching``). Prometheus metrics, when configured, are served over HTTP on a port of their own.
+
+Stopping: health turns NOT_SERVING (load balancers move away), the port stops taking calls, the calls in flight get
+up to ``grace_seconds`` to finish, and only then are the rest cancelled and the process exits (with 0).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from server.config import Config
+from server.admin import ADMIN_SERVICE, AdminServicer, Reloader
+from server.config import Config, ConfigError, Tls
 from server.logs import LOGGER
 from server.metrics import Metrics
 from server.models import ModelSet
@@ -30,7 +36,6 @@ log = logging.getLogger(LOGGER)
 class LMServer:
     def __init__(self, config: Config, models: ModelSet):
         self.config = config
-        self.models = models
         self.pool = ThreadPoolExecutor(config.server.workers, thread_name_prefix="lmserve-score")
         size = config.limits.max_message_bytes
         self.server = grpc.aio.server(
@@ -42,13 +47,27 @@ class LMServer:
             maximum_concurrent_rpcs=config.server.max_concurrent_calls,
         )
         self.metrics = Metrics() if config.server.metrics_port >= 0 else None
-        servicer = LMServicer(models, config.limits, self.pool, self.metrics)
-        self.server.add_generic_rpc_handlers((servicer.generic_handler(),))
+        if self.metrics:
+            self.metrics.generation.set(models.generation)
+        workers = config.server.workers
+        self.servicer = LMServicer(models, config.limits, self.pool, workers, config.batching, self.metrics)
+        self.reloader = Reloader(config.path, self.servicer, self.metrics)
+        handlers = [self.servicer.generic_handler()]
+        names = [SERVICE.full_name]
+        if config.server.admin:
+            handlers.append(self.servicer.generic_handler(ADMIN_SERVICE, AdminServicer(self.reloader)))
+            names.append(ADMIN_SERVICE.full_name)
+        self.server.add_generic_rpc_handlers(handlers)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = (SERVICE.full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        names += [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         self.port = 0
+        self.background: set[asyncio.Task] = set()  # SIGHUP reloads, kept until done
+
+    @property
+    def models(self) -> ModelSet:
+        return self.servicer.models
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         """Bind (port 0: a free one) and start; returns the port. The metrics endpoint listens on the same host."""
@@ -56,7 +75,10 @@ class LMServer:
         port = self.config.server.port if port is None else port
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            self.port = self.server.add_insecure_port(address)
+            if self.config.tls is None:
+                self.port = self.server.add_insecure_port(address)
+            else:
+                self.port = self.server.add_secure_port(address, server_credentials(self.config.tls))
         except RuntimeError as e:
             raise OSError(f"cannot listen on {address}: {e} (is the port in use?)") from e
         if not self.port:
@@ -72,30 +94,66 @@ class LMServer:
             log.info("metrics", extra={"fields": {"host": host, "port": bound, "path": "/metrics"}})
         for service in ("", SERVICE.full_name):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info(
-            "listening",
-            extra={"fields": {"host": host, "port": self.port, "models": list(self.models.models)}},
-        )
+        tls = "off" if self.config.tls is None else "mutual" if self.config.tls.client_ca else "server"
+        fields = {"host": host, "port": self.port, "models": list(self.models.models), "tls": tls}
+        fields["batching"] = dataclasses.asdict(self.config.batching)
+        log.info("listening", extra={"fields": fields})
         return self.port
 
     async def stop(self) -> None:
-        """Report NOT_SERVING, refuse new calls, let in-flight ones finish within the grace period."""
+        """Report NOT_SERVING, refuse new calls, let in-flight ones finish within the grace period, cancel the rest.
+
+        The drain ends when the calls of our services are done: health watches and reflection streams never end by
+        themselves and would otherwise hold every shutdown for the whole grace period."""
         grace = self.config.server.grace_seconds
         await self.health.enter_graceful_shutdown()
-        log.info("stopping", extra={"fields": {"grace_seconds": grace}})
-        await self.server.stop(grace)
+        log.info("stopping", extra={"fields": {"grace_seconds": grace, "in_flight": self.servicer.active}})
+        refusing = asyncio.create_task(self.server.stop(grace))  # stops accepting at once
+        try:
+            await asyncio.wait_for(self.servicer.idle.wait(), grace)
+        except TimeoutError:
+            log.warning("grace period over", extra={"fields": {"cancelled": self.servicer.active}})
+        await self.server.stop(None)  # health watches, and calls beyond the grace period
+        await refusing
         self.pool.shutdown(wait=True, cancel_futures=True)
         if self.metrics is not None:
             self.metrics.stop()
         log.info("stopped")
 
     async def serve_until_signal(self) -> None:
+        """Serve until SIGTERM or SIGINT, reloading the models on each SIGHUP."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_in_background)
         await stop.wait()
+        loop.remove_signal_handler(signal.SIGHUP)
         await self.stop()
+
+    def reload_in_background(self) -> None:
+        log.info("reload requested", extra={"fields": {"by": "SIGHUP"}})
+        task = asyncio.get_running_loop().create_task(self.reloader.reload_logged())
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+
+def server_credentials(tls: Tls) -> grpc.ServerCredentials:
+    """TLS with the server's certificate; with ``client_ca``, clients must show a certificate signed by it."""
+
+    def read(path, key: str) -> bytes:
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"tls.{key} = {str(path)!r}: cannot read it ({e.strerror})") from e
+        if b"-----BEGIN " not in data:
+            raise ConfigError(f"tls.{key} = {str(path)!r}: expected a PEM file (-----BEGIN ...)")
+        return data
+
+    ca = None if tls.client_ca is None else read(tls.client_ca, "client_ca")
+    return grpc.ssl_server_credentials(
+        [(read(tls.key, "key"), read(tls.cert, "cert"))], root_certificates=ca, require_client_auth=ca is not None
+    )
 
 
 async def serve(config: Config, host: str | None = None, port: int | None = None, metrics_port: int | None = None):

@@ -4,6 +4,8 @@ lm-serve serve --config serve.toml [--port 50051]
 lm-serve client --server 127.0.0.1:50051 score [--model NAME] [--per-token] < sentences.txt
 lm-serve client rescore dev.jsonl --profile dev_clean --out dev.rescored.jsonl
 lm-serve client models
+lm-serve client reload                      # load the config's models again (or: kill -HUP <server pid>)
+lm-serve client --tls-ca ca.pem [--tls-cert client.pem --tls-key client.key] health
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -46,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     client = sub.add_parser("client", help="call a running server")
     client.add_argument("--server", default=DEFAULT_TARGET, help="HOST:PORT (default: %(default)s)")
     client.add_argument("--timeout", type=float, default=60.0, help="deadline of each call in seconds")
+    client.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
+    client.add_argument("--tls-ca", type=Path, help="PEM file of the CA that signed the server certificate (TLS)")
+    client.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
+    client.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     calls = client.add_subparsers(dest="call", required=True)
 
     score = calls.add_parser("score", help="one score per input line (ScoreSentences)")
@@ -82,12 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_info)
     health = calls.add_parser("health", help="the server's health status (grpc.health.v1)")
     health.set_defaults(func=_health)
+    reload = calls.add_parser("reload", help="load the server's models again (Admin.ReloadModels), as JSON")
+    reload.set_defaults(func=_reload)
     return parser
 
 
 def _serve(args) -> int:
     setup_logging(args.log_level)
     asyncio.run(_serve_async(args))
+    # stopped cleanly: a repeated SIGTERM (service managers may send more than one) must not turn exit 0 into a kill
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     return 0
 
 
@@ -98,7 +110,9 @@ async def _serve_async(args) -> None:
 
 
 def _client(args) -> LMServeClient:
-    return LMServeClient(args.server, timeout=args.timeout)
+    return LMServeClient(
+        args.server, timeout=args.timeout, tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key
+    )
 
 
 def _score(args) -> int:
@@ -174,6 +188,12 @@ def _models(args) -> int:
 def _info(args) -> int:
     with _client(args) as client:
         print(json.dumps(MessageToDict(client.model_info(args.model), preserving_proto_field_name=True), indent=2))
+    return 0
+
+
+def _reload(args) -> int:
+    with _client(args) as client:
+        print(json.dumps(MessageToDict(client.reload_models(), preserving_proto_field_name=True), indent=2))
     return 0
 
 

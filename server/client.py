@@ -7,12 +7,14 @@
             state = client.score_next_words([word], state).words[0].state
         client.rescore_nbest(read_nbest("dev.jsonl"), profile="dev_clean").evaluation.rescored
 
-Errors arrive as ``grpc.RpcError`` with the server's status code and message.
+Errors arrive as ``grpc.RpcError`` with the server's status code and message. Servers with TLS:
+``LMServeClient(target, ca="ca.pem")``, and with mutual TLS also ``cert="client.pem", key="client.key"``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -20,24 +22,50 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rescoring.nbest import NBestEntry
 from server import messages
 from server.lmserve_pb import lmserve_pb2 as pb
-from server.lmserve_pb.lmserve_pb2_grpc import LMServiceStub
+from server.lmserve_pb.lmserve_pb2_grpc import AdminStub, LMServiceStub
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 
+def channel_credentials(
+    ca: str | Path | None = None, cert: str | Path | None = None, key: str | Path | None = None
+) -> grpc.ChannelCredentials:
+    """TLS credentials: ``ca`` the PEM file of the CA that signed the server's certificate (None: the system's
+    roots); ``cert`` and ``key`` this client's certificate and key, for servers that ask for one (mutual TLS)."""
+    if (cert is None) != (key is None):
+        raise ValueError("a client certificate needs its key and a key its certificate: give both or neither")
+
+    def read(path: str | Path | None) -> bytes | None:
+        return None if path is None else Path(path).read_bytes()
+
+    return grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
+
+
 class LMServeClient:
-    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 60.0, max_message_bytes: int = 64 << 20):
-        """``timeout``: the deadline of each call, in seconds (None: none)."""
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        timeout: float | None = 60.0,
+        max_message_bytes: int = 64 << 20,
+        tls: bool = False,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+    ):
+        """``timeout``: the deadline of each call, in seconds (None: none). ``tls``: connect with TLS, which ``ca``,
+        ``cert`` and ``key`` imply (see :func:`channel_credentials`)."""
         self.target = target
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        if tls or ca or cert or key:
+            self.channel = grpc.secure_channel(target, channel_credentials(ca, cert, key), options=options)
+        else:
+            self.channel = grpc.insecure_channel(target, options=options)
         self.stub = LMServiceStub(self.channel)
+        self.admin = AdminStub(self.channel)
 
     def __enter__(self) -> LMServeClient:
         return self
@@ -83,6 +111,11 @@ class LMServeClient:
 
     def model_info(self, model: str = ""):
         return self.stub.GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=self.timeout).model
+
+    def reload_models(self):
+        """Load the server's models again (Admin.ReloadModels); FAILED_PRECONDITION when they could not be loaded
+        (the server keeps the old ones)."""
+        return self.admin.ReloadModels(pb.ReloadModelsRequest(), timeout=self.timeout)
 
     def health(self, service: str = "") -> str:
         """SERVING, NOT_SERVING, ... of the whole server (``""``) or one service."""

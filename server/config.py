@@ -9,6 +9,7 @@
     max_concurrent_calls = 64     # calls beyond this are refused with RESOURCE_EXHAUSTED
     grace_seconds = 5.0           # on SIGTERM/SIGINT, how long in-flight calls may take to finish
     metrics_port = 9090           # Prometheus /metrics over HTTP on the same host; 0: any free port; -1 (default): off
+    admin = true                  # the lmserve.v1.Admin service (ReloadModels) on the same port; SIGHUP reloads anyway
 
     [limits]                      # a request beyond one is refused with RESOURCE_EXHAUSTED naming the limit
     max_sentences = 1000          # ScoreSentences: sentences per request
@@ -18,6 +19,16 @@
     max_candidates = 1000         # ScoreNextWords: candidates, or top_k
     max_message_bytes = 16777216  # any request or response
 
+    [batching]                    # concurrent calls of one model merged into one scorer call (ScoreSentences, and the
+    enabled = true                # LM scores of RescoreNBest/KBest); false: every call scores alone
+    max_batch_tokens = 16384      # words + </s> of all sentences or hypotheses in one batch (a bigger call runs alone)
+    max_wait_ms = 2.0             # how long a batch waits for company while the model is busy; an idle model waits not
+
+    [tls]                         # optional; without it the port is plaintext (and on loopback by default)
+    cert = "tls/server.pem"       # PEM certificate chain of the server
+    key = "tls/server.key"        # its PEM private key
+    client_ca = "tls/ca.pem"      # optional: require client certificates signed by this CA (mutual TLS)
+
     [models.librispeech]          # one table per model; the name is what requests use
     bundle = "bundles/gutenberg_rescore"   # paths are relative to this file
     ngram = "ngrams/gutenberg_4gram.bin"   # optional KenLM model on the bundle's tokens
@@ -26,7 +37,8 @@
     [models.librispeech.profiles] # weights files written by `lm-rescore tune`, by profile name
     dev_clean = "rescore/dev_clean.weights.json"
 
-Unknown keys and wrong types are errors that name the key.
+Unknown keys and wrong types are errors that name the key. A reload (SIGHUP, ``Admin.ReloadModels``) reads the file
+again but applies only ``[models]`` and ``server.default_model``; the rest takes effect at a restart.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-_KINDS = {int: "an integer", float: "a number", str: "a string"}
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 class ConfigError(ValueError):
@@ -62,6 +74,23 @@ class ServerSettings:
     max_concurrent_calls: int = 64
     grace_seconds: float = 5.0
     metrics_port: int = -1
+    admin: bool = True
+
+
+@dataclass
+class Batching:
+    enabled: bool = True
+    max_batch_tokens: int = 16384
+    max_wait_ms: float = 2.0
+
+
+@dataclass
+class Tls:
+    """Paths are resolved against the config file's folder; the files are read when the server starts."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
 
 
 @dataclass
@@ -79,6 +108,8 @@ class Config:
     server: ServerSettings
     limits: Limits
     models: dict[str, ModelConfig]
+    batching: Batching = field(default_factory=Batching)
+    tls: Tls | None = None
 
     @property
     def default_model(self) -> str:
@@ -93,9 +124,15 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(f"{path}: cannot read the config ({e.strerror})") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    _only(data, {"server", "limits", "models"}, path, "")
+    _only(data, {"server", "limits", "batching", "tls", "models"}, path, "")
     server = _section(ServerSettings, data.get("server", {}), path, "server")
     limits = _section(Limits, data.get("limits", {}), path, "limits")
+    batching = _section(Batching, data.get("batching", {}), path, "batching")
+    if batching.max_batch_tokens < 1 or batching.max_wait_ms < 0:
+        raise ConfigError(
+            f"{path}: batching.max_batch_tokens = {batching.max_batch_tokens}, batching.max_wait_ms = "
+            f"{batching.max_wait_ms}: expected at least 1 token and a wait of 0 ms or more"
+        )
     for name, least in (("workers", 1), ("scorer_threads", 1), ("max_concurrent_calls", 1), ("port", 0)):
         if getattr(server, name) < least:
             raise ConfigError(f"{path}: server.{name} = {getattr(server, name)}: expected at least {least}")
@@ -110,7 +147,19 @@ def load_config(path: str | Path) -> Config:
     models = {name: _model(table, path, f"models.{name}") for name, table in models_table.items()}
     if server.default_model and server.default_model not in models:
         raise ConfigError(f"{path}: server.default_model = {server.default_model!r} is not one of {sorted(models)}")
-    return Config(path, server, limits, models)
+    tls = None if "tls" not in data else _tls(data["tls"], path)
+    return Config(path, server, limits, models, batching, tls)
+
+
+def _tls(table: object, path: Path) -> Tls:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tls] must be a table")
+    _only(table, {"cert", "key", "client_ca"}, path, "tls")
+    cert = _typed(table, "cert", str, path, "tls", required=True)
+    key = _typed(table, "key", str, path, "tls", required=True)
+    client_ca = _typed(table, "client_ca", str, path, "tls")
+    base = path.parent
+    return Tls(base / cert, base / key, None if client_ca is None else base / client_ca)
 
 
 def _model(table: object, path: Path, where: str) -> ModelConfig:

@@ -2,7 +2,9 @@
 and the service port can stay private.
 
 Every call is counted by method and status code and timed; the tokens each call scored (words and ``</s>``, per
-model) show the real work behind a request count. The registry belongs to the server, not to the process, so two
+model) show the real work behind a request count. Micro-batching (``server.batching``) reports how many calls wait
+and how many calls and tokens each batch merged, by kind of work; reloads are counted by outcome, with the generation
+of the model set served. The registry belongs to the server, not to the process, so two
 servers in one process (tests) keep separate numbers.
 """
 
@@ -12,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 # 1 ms .. 10 s: a decoder step is ~1 ms, a 30-best list ~10-50 ms, a large batch seconds
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_CALL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 
 
 class Metrics:
@@ -31,6 +35,27 @@ class Metrics:
             "lmserve_tokens_scored", "Tokens scored (words and </s>)", ["method", "model"], registry=self.registry
         )
         self.in_flight = Gauge("lmserve_requests_in_flight", "Calls being handled", registry=self.registry)
+        self.queue_depth = Gauge(
+            "lmserve_batch_queue_depth", "Calls waiting to join a batch", ["kind"], registry=self.registry
+        )
+        self.batch_calls = Histogram(
+            "lmserve_batch_calls",
+            "Calls merged into one scorer call",
+            ["kind"],
+            buckets=BATCH_CALL_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_tokens = Histogram(
+            "lmserve_batch_tokens",
+            "Tokens (words and </s>) in one scorer call",
+            ["kind"],
+            buckets=BATCH_TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self.reloads = Counter(
+            "lmserve_reloads", "Model reloads by outcome (ok, failed)", ["outcome"], registry=self.registry
+        )
+        self.generation = Gauge("lmserve_model_generation", "Version of the model set served", registry=self.registry)
         self.http = None
 
     def observe(self, method: str, code: str, seconds: float, model: str | None, tokens: int) -> None:

@@ -69,18 +69,21 @@ class ServedModel:
 
 
 class ModelSet:
-    """The served models by name, and the default one for requests that name none."""
+    """The served models by name, and the default one for requests that name none. A set is never changed: a reload
+    loads a new one (``generation`` one higher) and the server swaps it in whole, so a call that resolved its model
+    keeps it to the end while later calls get the new set."""
 
-    def __init__(self, models: dict[str, ServedModel], default: str):
+    def __init__(self, models: dict[str, ServedModel], default: str, generation: int = 1):
         self.models = models
         self.default = default
+        self.generation = generation
 
     @classmethod
-    def load(cls, config: Config) -> ModelSet:
+    def load(cls, config: Config, generation: int = 1) -> ModelSet:
         models = {
             name: ServedModel.load(name, model, config.server.scorer_threads) for name, model in config.models.items()
         }
-        return cls(models, config.default_model)
+        return cls(models, config.default_model, generation)
 
     def get(self, name: str) -> ServedModel:
         model = self.models.get(name or self.default)

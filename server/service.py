@@ -1,10 +1,15 @@
 """The ``lmserve.v1.LMService`` servicer: check a request against the limits, run the engine (``rescoring``) in the
 scoring thread pool, translate the result. Nothing here scores.
 
-Every method goes through :func:`LMServicer.handler`, which parses the request bytes itself (so invalid UTF-8 is an
-``INVALID_ARGUMENT`` naming the message, not an internal error), maps errors to status codes, and logs one JSON line
-per call (and counts it in the Prometheus metrics, when the server has them). Work runs in chunks (sentences, lists) with the deadline checked between them, so a call whose deadline
-passed or whose client went away stops within one chunk instead of scoring to the end.
+Every method (and the Admin service's, ``server.admin``) goes through :func:`LMServicer.handler`, which parses the
+request bytes itself (so invalid UTF-8 is an ``INVALID_ARGUMENT`` naming the message, not an internal error), maps
+errors to status codes, and logs one JSON line per call (and counts it in the Prometheus metrics, when the server has
+them). Sentence scores and the LM scores of lists go through the micro-batchers (``server.batching``), in chunks
+(sentences, lists) with the deadline checked between them, so a call whose deadline passed or whose client went away
+stops within one chunk instead of scoring to the end.
+
+The model set is read once per call (``self.models``): a reload swaps the attribute, and a call goes on with the
+models it started with.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from rescoring.features import check_features, parse_definition
 from rescoring.nbest import NBestList
 from rescoring.rescore import Setup, report, reranked
 from server import messages
-from server.config import Limits
+from server.batching import Batcher, Expired
+from server.config import Batching, Limits
 from server.lmserve_pb import lmserve_pb2 as pb
 from server.logs import LOGGER
 from server.metrics import Metrics
@@ -57,25 +63,58 @@ def invalid(message: str) -> RequestError:
     return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
+def score_sentences(model: ServedModel, sentences: list[str]) -> list:
+    return model.lm.score(sentences)
+
+
+def score_lists(model: ServedModel, entries: list) -> list:
+    """Per-token neural and n-gram scores of every hypothesis, per list (one engine call for all the lists)."""
+    lms = model.lms
+    return lmscores.compute(NBestList(entries), lms.scorer, lms.ngram, lms.normalizer)
+
+
 class LMServicer:
-    def __init__(self, models: ModelSet, limits: Limits, pool: Executor, metrics: Metrics | None = None):
+    def __init__(
+        self,
+        models: ModelSet,
+        limits: Limits,
+        pool: Executor,
+        workers: int,
+        batching: Batching,
+        metrics: Metrics | None = None,
+    ):
         self.models = models
         self.limits = limits
         self.pool = pool
         self.metrics = metrics
+        slots = asyncio.Semaphore(workers)
+        max_wait = batching.max_wait_ms / 1000
 
-    def generic_handler(self) -> grpc.GenericRpcHandler:
-        """Every method of the service, each taking the request as bytes (see the module docstring)."""
+        def batcher(kind: str, run: Callable) -> Batcher:
+            return Batcher(
+                kind, run, pool, slots, batching.max_batch_tokens, max_wait, merge=batching.enabled, metrics=metrics
+            )
+
+        self.sentence_batcher = batcher("sentences", score_sentences)
+        self.list_batcher = batcher("lists", score_lists)
+        self.active = 0  # calls being handled; a drain waits for them, not for health watches or reflection
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def generic_handler(self, service=SERVICE, target: object = None) -> grpc.GenericRpcHandler:
+        """Every method of ``service`` (implemented by ``target``, by default this servicer), each taking the request
+        as bytes (see the module docstring)."""
+        target = self if target is None else target
         handlers = {}
-        for method in SERVICE.methods:
+        for method in service.methods:
             request_class = getattr(pb, method.input_type.name)
             response_class = getattr(pb, method.output_type.name)
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                self.handler(method.name, request_class, getattr(self, method.name)),
+                self.handler(method.name, request_class, getattr(target, method.name)),
                 request_deserializer=None,
                 response_serializer=response_class.SerializeToString,
             )
-        return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+        return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
     def handler(self, name: str, request_class, behaviour: Callable):
         """``behaviour(request, context, fields)`` answers the call; it may add log fields (``tokens`` scored)."""
@@ -83,6 +122,9 @@ class LMServicer:
         async def call(raw: bytes, context: grpc.aio.ServicerContext):
             start = time.perf_counter()
             fields = {"method": name, "peer": context.peer(), "request_bytes": len(raw)}
+            log.debug("call started", extra={"fields": fields})
+            self.active += 1
+            self.idle.clear()
             if self.metrics:
                 self.metrics.in_flight.inc()
             try:
@@ -99,6 +141,8 @@ class LMServicer:
                 error = e
             except UnknownModel as e:
                 error = RequestError(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
+            except Expired as e:
+                error = RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
             except ValueError as e:  # the engine's checks of its input name the field and what was expected
                 error = invalid(str(e))
             except asyncio.CancelledError:
@@ -122,6 +166,9 @@ class LMServicer:
             logging.INFO if code in ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED") else logging.WARNING
         )
         log.log(level, "call", extra={"fields": {**fields, "code": code, "ms": round(seconds * 1000, 3), **more}})
+        self.active -= 1
+        if not self.active:
+            self.idle.set()
         if self.metrics:
             self.metrics.in_flight.dec()
             self.metrics.observe(fields["method"], code, seconds, fields.get("model"), fields.get("tokens", 0))
@@ -133,20 +180,32 @@ class LMServicer:
             raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before the work was done")
         return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args))
 
-    async def run_chunks(self, context, fn: Callable[[Sequence], list], items: Sequence, size: int) -> list:
+    async def batched(
+        self, context, batcher: Batcher, model: ServedModel, items: Sequence, tokens: Sequence[int], size: int
+    ) -> list:
+        """The batcher's results for ``items`` (``tokens`` each), submitted ``size`` at a time, the deadline checked
+        before each."""
         out = []
         for start in range(0, len(items), size):
-            out.extend(await self.run(context, fn, items[start : start + size]))
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before the work was done")
+            chunk = slice(start, start + size)
+            out.extend(await batcher.submit(model, items[chunk], sum(tokens[chunk]), remaining))
         return out
 
     # -- checks ------------------------------------------------------------------------------------------------
 
-    def check_words(self, texts: Sequence[str], where: Callable[[int], str]) -> None:
+    def check_words(self, texts: Sequence[str], where: Callable[[int], str]) -> list[int]:
+        """Tokens (words and ``</s>``) of each text, as far as the limits and batch sizes are concerned."""
         limit = self.limits.max_words
+        tokens = []
         for i, text in enumerate(texts):
             words = len(text.split())
             if words > limit:
                 raise too_many(f"{where(i)}: words", words, limit, "shorten or split the sentence")
+            tokens.append(words + 1)
+        return tokens
 
     # -- RPCs --------------------------------------------------------------------------------------------------
 
@@ -157,8 +216,8 @@ class LMServicer:
             raise invalid("sentences: empty; give at least one sentence (an empty string scores </s> alone)")
         if len(sentences) > self.limits.max_sentences:
             raise too_many("sentences", len(sentences), self.limits.max_sentences)
-        self.check_words(sentences, lambda i: f"sentences[{i}]")
-        scores = await self.run_chunks(context, model.lm.score, sentences, SENTENCES_PER_CHUNK)
+        tokens = self.check_words(sentences, lambda i: f"sentences[{i}]")
+        scores = await self.batched(context, self.sentence_batcher, model, sentences, tokens, SENTENCES_PER_CHUNK)
         fields["tokens"] = sum(len(s.neural) for s in scores)
         return pb.ScoreSentencesResponse(
             model=model.name,
@@ -194,9 +253,11 @@ class LMServicer:
         return pb.RescoreKBestResponse(result=await self.rescore(request, context, fields, "bleu"))
 
     async def ListModels(self, request: pb.ListModelsRequest, context, fields) -> pb.ListModelsResponse:
+        models = self.models
         return pb.ListModelsResponse(
-            models=[messages.model_info(m, with_manifest=False) for m in self.models.models.values()],
-            default_model=self.models.default,
+            models=[messages.model_info(m, with_manifest=False) for m in models.models.values()],
+            default_model=models.default,
+            generation=models.generation,
         )
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context, fields) -> pb.GetModelInfoResponse:
@@ -216,12 +277,13 @@ class LMServicer:
         samples = request.bootstrap_samples or DEFAULT_BOOTSTRAP_SAMPLES
         if samples > MAX_BOOTSTRAP_SAMPLES:
             raise too_many("bootstrap_samples", samples, MAX_BOOTSTRAP_SAMPLES, "ask for fewer")
-        entries = []
+        entries, tokens = [], []
         for i, message in enumerate(request.lists):
             where = f"lists[{i}] (id {message.id!r})"
             if not message.hypotheses:
                 raise invalid(f"{where}: no hypotheses")
-            self.check_words([h.text for h in message.hypotheses], lambda k, where=where: f"{where}.hypotheses[{k}]")
+            texts = [h.text for h in message.hypotheses]
+            tokens.append(sum(self.check_words(texts, lambda k, where=where: f"{where}.hypotheses[{k}]")))
             entries.append(messages.nbest_entry(message, f"lists[{i}]"))
         with_refs = [bool(e.references) for e in entries]
         if any(with_refs) and not all(with_refs):
@@ -231,11 +293,7 @@ class LMServicer:
         setup, profile = self.combination(model, request.combination)
         check_features(nbest, setup.features, setup.definitions, setup.lam, True)
 
-        def lm_scores(chunk: Sequence) -> list:
-            lms = model.lms
-            return lmscores.compute(NBestList(list(chunk)), lms.scorer, lms.ngram, lms.normalizer)
-
-        scores = await self.run_chunks(context, lm_scores, entries, LISTS_PER_CHUNK)
+        scores = await self.batched(context, self.list_batcher, model, entries, tokens, LISTS_PER_CHUNK)
         fields["tokens"] = sum(len(h.neural) for row in scores for h in row)
 
         def finish() -> pb.Rescored:
@@ -274,4 +332,5 @@ class LMServicer:
         lam = (combination.interpolation_weight or model.lm.lam) if uses_interp else None
         if lam is not None and not 0.0 < lam < 1.0:
             raise invalid(f"combination.interpolation_weight = {lam}: expected a value in (0, 1)")
-        return Setup(list(combination.weights), definitions, lam, dict(combination.weights)), ""
+        # a map has no order on the wire: sorted, so that the same request gets the same answer from any replica
+        return Setup(sorted(combination.weights), definitions, lam, dict(combination.weights)), ""

@@ -139,7 +139,12 @@ def test_health_and_reflection(server, client):
     ]
     listed, described = list(stub.ServerReflectionInfo(iter(requests), timeout=10))
     names = {s.name for s in listed.list_services_response.service}
-    assert names == {"lmserve.v1.LMService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+    assert names == {
+        "lmserve.v1.LMService",
+        "lmserve.v1.Admin",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }
     assert described.file_descriptor_response.file_descriptor_proto  # grpcurl can describe the service
 
 

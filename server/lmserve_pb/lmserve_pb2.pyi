@@ -264,12 +264,14 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models", "default_model")
+    __slots__ = ("models", "default_model", "generation")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     default_model: str
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ("model",)
@@ -338,3 +340,19 @@ class Profile(_message.Message):
     dev_set: str
     dev_metric: float
     def __init__(self, name: _Optional[str] = ..., weights: _Optional[_Iterable[_Union[FeatureWeight, _Mapping]]] = ..., definitions: _Optional[_Iterable[str]] = ..., interpolation_weight: _Optional[float] = ..., metric: _Optional[str] = ..., dev_set: _Optional[str] = ..., dev_metric: _Optional[float] = ...) -> None: ...
+
+class ReloadModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReloadModelsResponse(_message.Message):
+    __slots__ = ("generation", "models", "default_model", "seconds")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    default_model: str
+    seconds: float
+    def __init__(self, generation: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...

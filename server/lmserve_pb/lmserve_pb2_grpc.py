@@ -319,3 +319,85 @@ class LMService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class AdminStub:
+    """Operating a running server, on the same port as LMService (the config's `[server] admin` turns it off; with mutual
+    TLS only holders of a client certificate reach it).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ReloadModels = channel.unary_unary(
+                '/lmserve.v1.Admin/ReloadModels',
+                request_serializer=lmserve_dot_v1_dot_lmserve__pb2.ReloadModelsRequest.SerializeToString,
+                response_deserializer=lmserve_dot_v1_dot_lmserve__pb2.ReloadModelsResponse.FromString,
+                _registered_method=True)
+
+
+class AdminServicer:
+    """Operating a running server, on the same port as LMService (the config's `[server] admin` turns it off; with mutual
+    TLS only holders of a client certificate reach it).
+    """
+
+    def ReloadModels(self, request, context):
+        """Load the models of the server's config file again (new bundle, n-gram or weights profile versions) and swap
+        them in at once: calls already running finish on the models they started with, later calls get the new ones.
+        SIGHUP does the same. When any model fails to load, the server keeps the models it had and the call fails with
+        FAILED_PRECONDITION naming the file and what is wrong. Reloads run one at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ReloadModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReloadModels,
+                    request_deserializer=lmserve_dot_v1_dot_lmserve__pb2.ReloadModelsRequest.FromString,
+                    response_serializer=lmserve_dot_v1_dot_lmserve__pb2.ReloadModelsResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'lmserve.v1.Admin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('lmserve.v1.Admin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Admin:
+    """Operating a running server, on the same port as LMService (the config's `[server] admin` turns it off; with mutual
+    TLS only holders of a client certificate reach it).
+    """
+
+    @staticmethod
+    def ReloadModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lmserve.v1.Admin/ReloadModels',
+            lmserve_dot_v1_dot_lmserve__pb2.ReloadModelsRequest.SerializeToString,
+            lmserve_dot_v1_dot_lmserve__pb2.ReloadModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,93 @@
+"""Operating a running server: reload its models (``Admin.ReloadModels`` or SIGHUP) without a restart.
+
+A reload reads the config file again and loads every model of ``[models]`` into a new ``ModelSet`` in a thread of its
+own, while the old set goes on serving; then one assignment swaps the servicer's set. Calls already running hold
+their ``ServedModel`` and finish on it (it is freed when the last of them ends); calls that start after the swap get
+the new set. Anything that fails (the config, a bundle, an n-gram, a weights profile) leaves the old set in place and
+is reported: to the caller as FAILED_PRECONDITION, in the log, and in ``lmserve_reloads_total{outcome="failed"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import grpc
+
+from server import messages
+from server.config import load_config
+from server.lmserve_pb import lmserve_pb2 as pb
+from server.logs import LOGGER
+from server.metrics import Metrics
+from server.models import ModelSet
+from server.service import LMServicer, RequestError
+
+ADMIN_SERVICE = pb.DESCRIPTOR.services_by_name["Admin"]
+
+log = logging.getLogger(LOGGER)
+
+
+class ReloadError(Exception):
+    """The new models could not be loaded; the old ones are still served. The message says what failed."""
+
+
+class Reloader:
+    """Swaps freshly loaded models into ``servicer``, one reload at a time (a second waits for the first)."""
+
+    def __init__(self, config_path: Path, servicer: LMServicer, metrics: Metrics | None = None):
+        self.config_path = config_path
+        self.servicer = servicer
+        self.metrics = metrics
+        self.lock = asyncio.Lock()
+
+    async def reload(self) -> tuple[ModelSet, float]:
+        """The new model set and the seconds it took to load; :class:`ReloadError` when it could not be loaded."""
+        async with self.lock:
+            start = time.perf_counter()
+            current = self.servicer.models
+            try:
+                config = await asyncio.to_thread(load_config, self.config_path)
+                models = await asyncio.to_thread(ModelSet.load, config, current.generation + 1)
+            except Exception as e:  # whatever broke, the models being served are fine
+                if self.metrics:
+                    self.metrics.reloads.labels("failed").inc()
+                message = f"reload failed, still serving generation {current.generation}: {type(e).__name__}: {e}"
+                log.error("reload failed", extra={"fields": {"error": message, "generation": current.generation}})
+                raise ReloadError(message) from e
+            self.servicer.models = models
+            seconds = time.perf_counter() - start
+            if self.metrics:
+                self.metrics.reloads.labels("ok").inc()
+                self.metrics.generation.set(models.generation)
+            fingerprints = {name: m.lm.scorer.fingerprint[:16] for name, m in models.models.items()}
+            fields = {"generation": models.generation, "models": fingerprints, "seconds": round(seconds, 3)}
+            log.info("reloaded", extra={"fields": fields})
+            return models, seconds
+
+    async def reload_logged(self) -> None:
+        """For SIGHUP: nobody to answer, so the outcome goes to the log (which :meth:`reload` writes) only."""
+        with contextlib.suppress(ReloadError):
+            await self.reload()
+
+
+class AdminServicer:
+    """The ``lmserve.v1.Admin`` methods; calls run through ``LMServicer.handler`` like the others."""
+
+    def __init__(self, reloader: Reloader):
+        self.reloader = reloader
+
+    async def ReloadModels(self, request: pb.ReloadModelsRequest, context, fields) -> pb.ReloadModelsResponse:
+        try:
+            models, seconds = await self.reloader.reload()
+        except ReloadError as e:
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+        fields["generation"] = models.generation
+        return pb.ReloadModelsResponse(
+            generation=models.generation,
+            models=[messages.model_info(m, with_manifest=False) for m in models.models.values()],
+            default_model=models.default,
+            seconds=seconds,
+        )

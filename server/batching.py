@@ -1,0 +1,195 @@
+"""Micro-batching: the work of concurrent calls to one model is queued and merged into one engine call.
+
+Why: a scorer call costs per graph run more than per row. One 30-best list is ~25 LSTM steps of a few rows each; 16
+lists advance through the same ~25 steps with 16 times the rows, so the steps cost about the same and each list much
+less. The same holds for sentences in the ``sentences`` graph.
+
+How: a call's work (its sentences, or its lists) is an item in the queue of its model. A model with nothing running
+starts an item at once, so a lone caller waits for nothing. While a batch of the model is running, new items wait up
+to ``max_wait`` for company, then for a free scoring thread, and leave together, up to ``max_batch_tokens`` (an item
+bigger than that leaves alone). The engine runs the merged work once; the results are split back by item. When a
+merged call fails, its items run again one by one, so a request that breaks the engine fails alone. A call cancelled
+(client gone, deadline passed) while queued leaves the queue and is not scored; one whose deadline passes in the
+queue gets :class:`Expired`.
+
+Queues are per model *object*: after a hot reload, calls that resolved the old models batch with each other on the
+old models, and new calls on the new ones; a queue disappears when it is empty and nothing of it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from server.metrics import Metrics
+
+
+class Expired(Exception):
+    """The call's deadline passed while its work waited in the queue."""
+
+
+@dataclass(eq=False)
+class _Item:
+    work: Sequence  # one call's sentences or lists
+    tokens: int
+    arrived: float  # loop time
+    deadline: float | None  # loop time
+    future: asyncio.Future
+
+
+@dataclass(eq=False)
+class _Queue:
+    model: object
+    items: deque[_Item] = field(default_factory=deque)
+    tokens: int = 0
+    running: int = 0  # batches of this queue in the pool
+    company: asyncio.Event = field(default_factory=asyncio.Event)  # set when a batch is full
+    drainer: asyncio.Task | None = None
+
+
+class Batcher:
+    """One kind of work (``run(model, merged_work) -> one result per work element``) over all models.
+
+    ``merge=False`` keeps the queue and the thread limit but gives every call a batch of its own: the "batching off"
+    switch, so that an on/off comparison differs only in the merging."""
+
+    def __init__(
+        self,
+        kind: str,
+        run: Callable[[object, list], list],
+        pool: Executor,
+        slots: asyncio.Semaphore,
+        max_batch_tokens: int,
+        max_wait: float,
+        merge: bool = True,
+        metrics: Metrics | None = None,
+    ):
+        self.kind = kind
+        self.run = run
+        self.pool = pool
+        self.slots = slots  # shared by the batchers of a server: at most one batch per scoring thread
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait = max_wait
+        self.merge = merge
+        self.metrics = metrics
+        self.queues: dict[int, _Queue] = {}  # by id(model); a queue holds its model, so the id stays its own
+        self.batches = 0  # batches run, and calls in them: tests and benchmarks read the merging off these
+        self.calls = 0
+
+    async def submit(self, model: object, work: Sequence, tokens: int, timeout: float | None = None) -> list:
+        """The results of ``work`` (one per element), scored with other calls' work to ``model`` when they meet;
+        ``timeout``: seconds left to the call's deadline."""
+        loop = asyncio.get_running_loop()
+        queue = self.queues.get(id(model))
+        if queue is None:
+            queue = self.queues[id(model)] = _Queue(model)
+        now = loop.time()
+        item = _Item(work, tokens, now, None if timeout is None else now + timeout, loop.create_future())
+        queue.items.append(item)
+        queue.tokens += tokens
+        self._depth(1)
+        if queue.tokens >= self.max_batch_tokens:
+            queue.company.set()
+        if queue.drainer is None or queue.drainer.done():
+            queue.drainer = asyncio.create_task(self._drain(queue))
+        try:
+            return await item.future
+        except asyncio.CancelledError:
+            if item in queue.items:  # still queued: leave, so that nobody scores it
+                queue.items.remove(item)
+                queue.tokens -= item.tokens
+                self._depth(-1)
+            raise
+
+    async def _drain(self, queue: _Queue) -> None:
+        loop = asyncio.get_running_loop()
+        while queue.items:
+            if self.merge and queue.running and queue.tokens < self.max_batch_tokens:
+                delay = queue.items[0].arrived + self.max_wait - loop.time()
+                if delay > 0:
+                    queue.company.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(queue.company.wait(), delay)
+            await self.slots.acquire()
+            batch = self._take(queue, loop.time())
+            if not batch:
+                self.slots.release()
+                continue
+            queue.running += 1
+            asyncio.create_task(self._run(queue, batch))
+        self._forget_if_idle(queue)
+
+    def _take(self, queue: _Queue, now: float) -> list[_Item]:
+        """Items from the front, up to the token budget (at least one); expired ones fail on the way."""
+        batch, tokens = [], 0
+        while queue.items:
+            item = queue.items[0]
+            if batch and (not self.merge or tokens + item.tokens > self.max_batch_tokens):
+                break
+            queue.items.popleft()
+            queue.tokens -= item.tokens
+            self._depth(-1)
+            if item.deadline is not None and now >= item.deadline:
+                item.future.set_exception(Expired(f"the deadline passed after {now - item.arrived:.3f} s in the queue"))
+                continue
+            batch.append(item)
+            tokens += item.tokens
+        return batch
+
+    async def _run(self, queue: _Queue, batch: list[_Item]) -> None:
+        try:
+            if self.metrics:
+                self.metrics.batch_calls.labels(self.kind).observe(len(batch))
+                self.metrics.batch_tokens.labels(self.kind).observe(sum(i.tokens for i in batch))
+            self.batches += 1
+            self.calls += len(batch)
+            loop = asyncio.get_running_loop()
+            results = await loop.run_in_executor(self.pool, self._score, queue.model, [i.work for i in batch])
+            for item, result in zip(batch, results, strict=True):
+                if item.future.done():  # cancelled while it ran
+                    continue
+                if isinstance(result, BaseException):
+                    item.future.set_exception(result)
+                else:
+                    item.future.set_result(result)
+        except BaseException as e:  # the pool is shut down, or this task is cancelled: nobody may wait forever
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(e if isinstance(e, Exception) else RuntimeError("scoring stopped"))
+            raise
+        finally:
+            self.slots.release()
+            queue.running -= 1
+            self._forget_if_idle(queue)
+
+    def _score(self, model: object, works: list[Sequence]) -> list[list | Exception]:
+        """In a scoring thread: all works in one engine call, split back; on failure, each work alone."""
+        try:
+            merged = self.run(model, [x for work in works for x in work])
+        except Exception as e:
+            if len(works) == 1:
+                return [e]
+            return [self._alone(model, work) for work in works]
+        results, start = [], 0
+        for work in works:
+            results.append(merged[start : start + len(work)])
+            start += len(work)
+        return results
+
+    def _alone(self, model: object, work: Sequence) -> list | Exception:
+        try:
+            return self.run(model, list(work))
+        except Exception as e:
+            return e
+
+    def _forget_if_idle(self, queue: _Queue) -> None:
+        if not queue.items and not queue.running and self.queues.get(id(queue.model)) is queue:
+            del self.queues[id(queue.model)]
+
+    def _depth(self, change: int) -> None:
+        if self.metrics:
+            self.metrics.queue_depth.labels(self.kind).inc(change)
