@@ -53,13 +53,21 @@ test: lint
 DATA ?= $${LMSERVE_DATA:-../shared/data}
 
 # Train a small adaptive-softmax LSTM on PTB in sentence mode (how rescoring scores sentences), evaluate it, export it
-# as a model bundle and score a few test sentences with the torch-free scorer.
+# as a model bundle and score a few test sentences with the torch-free scorer; then build a 3-gram that sees the
+# bundle's tokens, tune rescoring weights on LibriSpeech dev_clean 30-best lists and rerank dev_other with them.
 demo: setup
 	rm -rf var/runs/demo
 	$(VENV)/bin/lm-train fit configs/demo_ptb.toml --out var/runs/demo
 	$(VENV)/bin/lm-train eval --checkpoint var/runs/demo --file "$(DATA)/ptb/ptb.test.txt.gz"
 	$(VENV)/bin/lm-train export --checkpoint var/runs/demo --out var/bundles/demo
 	zcat "$(DATA)/ptb/ptb.test.txt.gz" | head -3 | $(VENV)/bin/lm-rescore score --lm var/bundles/demo --per-token
+	$(VENV)/bin/lm-rescore ngram build --order 3 --text "$(DATA)/ptb/ptb.train.txt.gz" --like var/bundles/demo \
+		--out var/ngrams/demo_3gram
+	$(VENV)/bin/lm-rescore tune "$(DATA)/librispeech-nbest/dev_clean.tar.gz" --metric wer --lm var/bundles/demo \
+		--ngram var/ngrams/demo_3gram.bin --normalize ptb --features score,neural,ngram,interp,length,oov \
+		--fixed score --lambdas 0.5 --restarts 2 --out var/rescore/demo.weights.json
+	$(VENV)/bin/lm-rescore nbest "$(DATA)/librispeech-nbest/dev_other.tar.gz" --weights var/rescore/demo.weights.json \
+		--out var/rescore/dev_other.rescored.jsonl --out-format jsonl --report var/rescore/dev_other.report.json
 
 clean:
 	rm -rf $(VENV) .cache var .pytest_cache .ruff_cache *.egg-info
