@@ -1,18 +1,25 @@
 import pytest
 import torch
 
-from training.heads import AdaptiveSoftmax, FullSoftmax
+from training.heads import AdaptiveSoftmax, ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax
 
 torch.manual_seed(0)
 V, D, N = 60, 12, 50
 
+HEADS = {
+    "full": lambda: FullSoftmax(D, V),
+    "full-log-z": lambda: FullSoftmax(D, V, log_z=3.0, learn_log_z=True),
+    "adaptive": lambda: AdaptiveSoftmax(D, V, cutoffs=[8, 20, 40], div_value=2.0),
+    "class": lambda: ClassSoftmax(D, V, classes=7),
+    "tree": lambda: TreeSoftmax(D, V, "huffman"),
+    "slim": lambda: SlimSoftmax(D, V, subvectors=4, pool=40, log_z=1.0),
+}
 
-@pytest.fixture(params=["full", "adaptive"])
+
+@pytest.fixture(params=list(HEADS))
 def head(request):
     torch.manual_seed(0)
-    if request.param == "full":
-        return FullSoftmax(D, V)
-    return AdaptiveSoftmax(D, V, cutoffs=[8, 20, 40], div_value=2.0)
+    return HEADS[request.param]()
 
 
 def test_log_probs_are_normalised_and_target_logprob_matches_them(head):
@@ -33,7 +40,7 @@ def test_unnormalised_scores_agree_with_target_terms(head):
     scores = head.scores(hidden)
     torch.testing.assert_close(head.target_score(hidden, targets), score)
     torch.testing.assert_close(scores.gather(1, targets[:, None]).squeeze(1), score)
-    if isinstance(head, FullSoftmax):  # one softmax: normalising the scores gives the distribution
+    if isinstance(head, FullSoftmax | SlimSoftmax | TreeSoftmax):  # one softmax (or none): scores normalise to it
         torch.testing.assert_close(scores.log_softmax(-1), head.log_probs(hidden))
 
 
@@ -97,5 +104,5 @@ def test_unigram_bias_init_predicts_the_prior_from_a_zero_state(head):
     head.init_bias(prior)
     zero = torch.zeros(3, D)
     torch.testing.assert_close(head.log_probs(zero), prior.expand(3, V), atol=1e-5, rtol=0)
-    if isinstance(head, FullSoftmax):  # the scores are already normalised: log Z = 0
+    if isinstance(head, FullSoftmax | SlimSoftmax):  # the scores are already normalised: log Z = 0
         torch.testing.assert_close(head.scores(zero).logsumexp(-1), torch.zeros(3), atol=1e-5, rtol=0)

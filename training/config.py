@@ -57,19 +57,39 @@ class ModelConfig:
 
 @dataclass
 class HeadConfig:
-    type: str = "full"
+    type: str = "full"  # full | adaptive | class | tree | slim
     cutoffs: list[int] = field(default_factory=list)  # adaptive: ids < cutoffs[0] are the shortlist
     div_value: float = 4.0  # adaptive: cluster i projects to size // div_value ** (i + 1)
-    # uniform: like every other parameter (model.init_range); unigram: output biases start at the log unigram
-    # distribution of the training text, so the untrained model predicts word frequencies and log Z starts near 0
+    # uniform: like every other parameter (model.init_range); unigram: the head is handed the log unigram
+    # distribution of the training text: output biases start at it, so the untrained model predicts word frequencies
+    # and log Z starts near 0; class and Huffman-tree heads are built from it; sampled objectives draw noise from it
     bias_init: str = "uniform"
+    # with bias_init = unigram: false leaves the biases uniform, the head only takes the distribution (for class or
+    # tree structure and sampled noise; NCE without the bias-at-log-P_noise fix)
+    unigram_bias: bool = True
+    classes: int = 0  # class: number of frequency bins (0 = round(sqrt(|V|)))
+    tree: str = "huffman"  # tree: huffman (codes of the training unigram) | balanced
+    slim_subvectors: int = 4  # slim: K sub-vectors per output vector (divides the head's input size)
+    slim_pool: int = 0  # slim: M shared sub-vectors in all, M/K per position (a multiple of K; required)
+    # full and slim: scores are W h + b - log_z, NCE's normalising constant Z_c (Zoph et al. 2016 fix it to 9);
+    # learn_log_z trains it from that start (Labeau & Allauzen 2018). Exact probabilities do not depend on it.
+    log_z: float = 0.0
+    learn_log_z: bool = False
 
 
 @dataclass
 class ObjectiveConfig:
+    # cross_entropy | importance_sampling | nce | negative_sampling | blackout | beta_nce
     type: str = "cross_entropy"
     selfnorm_alpha: float = 0.0  # weight of the alpha * (log Z)^2 penalty (Devlin et al. 2014)
     selfnorm_gamma: float = 1.0  # fraction of positions that pay the penalty, rescaled (Andreas et al. 2015)
+    # sampled objectives: words drawn per step with replacement from Q, shared by the whole batch
+    samples: int = 100
+    noise_power: float = 1.0  # Q ∝ unigram ** noise_power (0.75 for negative sampling as in word2vec; 0 = uniform)
+    noise_uniform: float = 0.0  # Q mixed with the uniform distribution: (1 - noise_uniform) Q + noise_uniform / |V|
+    beta: float = 1.0  # beta_nce: the power of the divergence (1 = NCE)
+    # sampled objectives: the exact NLL behind the training perplexity is computed on every n-th position only
+    nll_stride: int = 16
 
 
 @dataclass
@@ -123,10 +143,15 @@ class Config:
         return dataclasses.asdict(self)
 
 
+# objectives that train a linear head from a sample of words (training/objectives/sampled.py)
+SAMPLED_OBJECTIVES = ("importance_sampling", "nce", "negative_sampling", "blackout", "beta_nce")
+
 _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),
+    ("head", "type"): ("full", "adaptive", "class", "tree", "slim"),
     ("head", "bias_init"): ("uniform", "unigram"),
-    ("objective", "type"): ("cross_entropy",),
+    ("head", "tree"): ("huffman", "balanced"),
+    ("objective", "type"): ("cross_entropy", *SAMPLED_OBJECTIVES),
     ("optimizer", "name"): ("sgd", "adagrad", "adam"),
     ("schedule", "type"): ("fixed", "plateau"),
     ("train", "loss_reduction"): ("sequence_sum", "token_mean"),
@@ -191,7 +216,32 @@ def config_from_dict(raw: dict, source: str = "<config>") -> Config:
             if allowed and values[key] not in allowed:
                 raise ConfigError(f"{source}: {name}.{key} = {value!r}, expected one of {', '.join(allowed)}")
         sections[name] = cls(**values)
-    return Config(**sections)
+    config = Config(**sections)
+    _check_head_and_objective(config, source)
+    return config
+
+
+def _check_head_and_objective(config: Config, source: str) -> None:
+    """Combinations that cannot work, caught before a run starts. Word frequencies reach the head only through
+    ``head.bias_init = "unigram"`` (the trainer's one hand-over), so whatever is built from them needs it."""
+    head, objective = config.head, config.objective
+    needs_unigram = []
+    if head.type == "class":
+        needs_unigram.append("head.type = class bins words by frequency")
+    if head.type == "tree" and head.tree == "huffman":
+        needs_unigram.append("head.tree = huffman codes word frequencies")
+    if objective.type in SAMPLED_OBJECTIVES:
+        if head.type not in ("full", "slim"):
+            raise ConfigError(
+                f"{source}: objective.type = {objective.type} scores a sample of words by dot products: it needs "
+                f"head.type = full or slim, got {head.type}"
+            )
+        needs_unigram.append(f"objective.type = {objective.type} draws noise from the training unigram")
+    if needs_unigram and head.bias_init != "unigram":
+        raise ConfigError(
+            f'{source}: {"; ".join(needs_unigram)}: set head.bias_init = "unigram" '
+            "(with head.unigram_bias = false to keep uniform output biases)"
+        )
 
 
 def expand_data_path(path: str) -> str:

@@ -27,6 +27,7 @@ from training.corpus import encode_file, file_fingerprint
 from training.evaluate import evaluate
 from training.heads.base import per_candidate
 from training.model import LSTMLM
+from training.objectives import self_normalised
 
 FORMAT_VERSION = 1  # rescoring/bundle.py documents and reads this version
 OPSET = 17
@@ -35,7 +36,8 @@ PARITY_TOLERANCE = 1e-4
 
 
 def is_self_normalised(cfg) -> bool:
-    return cfg.objective.selfnorm_alpha > 0
+    """Decided by head and objective together (training.objectives.self_normalised)."""
+    return self_normalised(cfg)
 
 
 class SentencesGraph(nn.Module):

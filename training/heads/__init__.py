@@ -4,18 +4,41 @@ from __future__ import annotations
 
 from training.config import HeadConfig
 from training.heads.adaptive import AdaptiveSoftmax
-from training.heads.base import Head
+from training.heads.base import Head, LinearHead
+from training.heads.class_based import ClassSoftmax
 from training.heads.full import FullSoftmax
+from training.heads.slim import SlimSoftmax
+from training.heads.tree import TREE_TYPES, TreeSoftmax
 
-HEAD_TYPES = ("full", "adaptive")
+HEAD_TYPES = ("full", "adaptive", "class", "tree", "slim")
 
 
 def build_head(cfg: HeadConfig, in_dim: int, vocab_size: int) -> Head:
     if cfg.type == "full":
-        return FullSoftmax(in_dim, vocab_size)
-    if cfg.type == "adaptive":
-        return AdaptiveSoftmax(in_dim, vocab_size, cfg.cutoffs, cfg.div_value)
-    raise ValueError(f"head.type = {cfg.type!r}, expected one of {', '.join(HEAD_TYPES)}")
+        head = FullSoftmax(in_dim, vocab_size, cfg.log_z, cfg.learn_log_z)
+    elif cfg.type == "adaptive":
+        head = AdaptiveSoftmax(in_dim, vocab_size, cfg.cutoffs, cfg.div_value)
+    elif cfg.type == "class":
+        head = ClassSoftmax(in_dim, vocab_size, cfg.classes)
+    elif cfg.type == "tree":
+        head = TreeSoftmax(in_dim, vocab_size, cfg.tree)
+    elif cfg.type == "slim":
+        head = SlimSoftmax(in_dim, vocab_size, cfg.slim_subvectors, cfg.slim_pool, cfg.log_z, cfg.learn_log_z)
+    else:
+        raise ValueError(f"head.type = {cfg.type!r}, expected one of {', '.join(HEAD_TYPES)}")
+    head.unigram_bias = cfg.unigram_bias
+    return head
 
 
-__all__ = ["AdaptiveSoftmax", "FullSoftmax", "Head", "HEAD_TYPES", "build_head"]
+__all__ = [
+    "AdaptiveSoftmax",
+    "ClassSoftmax",
+    "FullSoftmax",
+    "Head",
+    "HEAD_TYPES",
+    "LinearHead",
+    "SlimSoftmax",
+    "TREE_TYPES",
+    "TreeSoftmax",
+    "build_head",
+]

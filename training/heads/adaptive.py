@@ -34,7 +34,7 @@ class AdaptiveSoftmax(Head):
             )
 
     @torch.no_grad()
-    def init_bias(self, log_prior):
+    def set_prior_bias(self, log_prior):
         """Shortlist words get their prior, cluster logits the cluster's mass, tail words their share of it."""
         self.head.bias[: self.shortlist].copy_(log_prior[: self.shortlist])
         for i, tail in enumerate(self.tails):

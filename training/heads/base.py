@@ -27,6 +27,14 @@ class Head(nn.Module, abc.ABC):
     """
 
     vocab_size: int
+    # head.unigram_bias: whether init_bias also moves the biases (build_head sets it from the config)
+    unigram_bias: bool = True
+
+    def __init__(self):
+        super().__init__()
+        # The training text's log unigram distribution, once the trainer has handed it over (init_bias). Not saved:
+        # the vocabulary with its counts is, and only training (sampled objectives' noise) needs it.
+        self.register_buffer("log_prior", None, persistent=False)
 
     @abc.abstractmethod
     def target_terms(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,8 +53,24 @@ class Head(nn.Module, abc.ABC):
         """Unnormalised scores of the whole vocabulary, ``[N, V]`` (``target_score`` is their gather)."""
 
     @abc.abstractmethod
-    def init_bias(self, log_prior: torch.Tensor) -> None:
+    def set_prior_bias(self, log_prior: torch.Tensor) -> None:
         """Set the output biases so that a zero hidden state predicts ``log_prior`` ([V], normalised) exactly."""
+
+    def fit_prior(self, log_prior: torch.Tensor) -> None:
+        """Heads whose structure comes from word frequencies (class bins, Huffman tree) build it here."""
+
+    def init_bias(self, log_prior: torch.Tensor) -> None:
+        """The trainer hands over the log unigram distribution of the training text (``head.bias_init = "unigram"``).
+
+        It is the only way word frequencies reach the output layer, so one call does all that needs them: the head
+        keeps the distribution (the noise of sampled objectives), builds its structure from it (``fit_prior``) and,
+        unless ``head.unigram_bias = false``, starts its biases at it so that the untrained model predicts word
+        frequencies and log Z starts at 0.
+        """
+        self.log_prior = log_prior.detach().to(torch.float32).clone()
+        self.fit_prior(self.log_prior)
+        if self.unigram_bias:
+            self.set_prior_bias(self.log_prior)
 
     def candidate_logprobs(self, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Exact log-probabilities of ``[B, K]`` candidate next words for ``[B, D]`` hidden states. A flat softmax
@@ -58,6 +82,73 @@ class Head(nn.Module, abc.ABC):
         """Exact log-probability of each target, ``[N]``, without the full-vocabulary softmax where the head allows."""
         score, log_norms = self.target_terms(hidden, targets)
         return score - log_norms.sum(-1)
+
+
+class LinearHead(Head):
+    """A head whose word scores are dot products with one output vector per word, plus a bias, less ``log_z``.
+
+    This is what sampled objectives need: the scores of a few words (the targets and a shared sample) without
+    touching the rest of the vocabulary. ``log_z`` is NCE's normalising constant Z_c (``head.log_z``, fixed, or
+    learned from that start with ``head.learn_log_z``; Labeau & Allauzen 2018): the softmax ignores a constant shift,
+    so exact probabilities do not depend on it, but the self-normalised scores a sampled model is served with do.
+    """
+
+    def __init__(self, log_z: float = 0.0, learn_log_z: bool = False):
+        super().__init__()
+        self.log_z_start = float(log_z)
+        if learn_log_z:
+            self.log_z = nn.Parameter(torch.tensor(self.log_z_start))
+        elif log_z:
+            self.register_buffer("log_z", torch.tensor(self.log_z_start))
+        else:
+            self.log_z = None
+
+    @abc.abstractmethod
+    def output_vectors(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output vectors ``[S, D]``, biases ``[S]``) of the given word ids."""
+
+    @abc.abstractmethod
+    def output_bias(self) -> nn.Parameter:
+        """The ``[V]`` output biases."""
+
+    @abc.abstractmethod
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden · vectorsᵀ + bias`` for the whole vocabulary, ``[N, V]``."""
+
+    def _less_log_z(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores if self.log_z is None else scores - self.log_z
+
+    def scores(self, hidden):
+        return self._less_log_z(self.logits(hidden))
+
+    def target_score(self, hidden, targets):
+        vectors, bias = self.output_vectors(targets)
+        return self._less_log_z(rowwise_dot(vectors, hidden) + bias)
+
+    def sample_scores(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Scores ``[N, S]`` of the same ``[S]`` words for every row: one ``[N, D] x [D, S]`` product."""
+        vectors, bias = self.output_vectors(ids)
+        return self._less_log_z(nn.functional.linear(hidden, vectors, bias))
+
+    def target_terms(self, hidden, targets):
+        scores = self.scores(hidden)
+        return scores.gather(1, targets[:, None]).squeeze(1), torch.logsumexp(scores, dim=-1, keepdim=True)
+
+    def target_logprob(self, hidden, targets):
+        # log_softmax, not score - logsumexp: exported to ONNX, LogSoftmax is as accurate as PyTorch while
+        # ONNX Runtime's ReduceLogSumExp is ten times less (1e-4 off per token on a 10k vocabulary)
+        return self.log_probs(hidden).gather(1, targets[:, None]).squeeze(1)
+
+    def log_probs(self, hidden):
+        return torch.log_softmax(self.logits(hidden), dim=-1)
+
+    @torch.no_grad()
+    def set_prior_bias(self, log_prior):
+        """Biases at ``log_prior + log_z``, so that the scores of a zero state are the prior itself (log Z = 0) and
+        a learned ``log_z`` restarts from its configured value (the model's uniform init moved it)."""
+        self.output_bias().copy_(log_prior + self.log_z_start)
+        if self.log_z is not None:
+            self.log_z.fill_(self.log_z_start)
 
 
 def per_candidate(score_fn, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

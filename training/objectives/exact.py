@@ -1,8 +1,4 @@
-"""Training objectives: how a head is trained, kept apart from the head itself (DESIGN.md).
-
-An objective maps (head, hidden ``[N, D]``, targets ``[N]``) to a summed loss over the N positions; the trainer
-chooses the reduction. The self-normalisation penalty rides on top of any objective that can produce log Z.
-"""
+"""Exact cross-entropy, the self-normalisation penalty that rides on any objective, and what objectives return."""
 
 from __future__ import annotations
 
@@ -10,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-from training.config import ObjectiveConfig
 from training.heads import Head
 
 
@@ -45,7 +40,9 @@ class SelfNormPenalty:
 @dataclass
 class ObjectiveOutput:
     loss: torch.Tensor  # summed over positions, what the trainer back-propagates after reduction
-    nll: torch.Tensor  # summed exact negative log-likelihood (detached), for the training perplexity
+    # summed negative log-likelihood (detached), for the training perplexity: exact, or for sampled objectives
+    # estimated from every objective.nll_stride-th position, so that the step stays independent of |V|
+    nll: torch.Tensor
 
 
 class CrossEntropy:
@@ -62,10 +59,3 @@ class CrossEntropy:
             rows = self.selfnorm.rows(len(targets), hidden.device)
             loss = loss + self.selfnorm(log_norms if rows is None else log_norms[rows])
         return ObjectiveOutput(loss, nll.detach())
-
-
-def build_objective(cfg: ObjectiveConfig):
-    selfnorm = SelfNormPenalty(cfg.selfnorm_alpha, cfg.selfnorm_gamma) if cfg.selfnorm_alpha > 0 else None
-    if cfg.type == "cross_entropy":
-        return CrossEntropy(selfnorm)
-    raise ValueError(f"objective.type = {cfg.type!r}, expected cross_entropy")

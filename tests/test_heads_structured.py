@@ -1,0 +1,189 @@
+"""Class-based, tree and slim heads: their structure, against naive references, and through a checkpoint."""
+
+import math
+from itertools import pairwise
+
+import numpy as np
+import pytest
+import torch
+
+from training.config import HeadConfig
+from training.heads import ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax, build_head
+from training.heads.class_based import frequency_bins
+from training.heads.tree import huffman_branches
+
+V, D, N = 60, 12, 40
+
+
+def zipf_prior(vocab_size: int) -> torch.Tensor:
+    weights = 1.0 / torch.arange(1, vocab_size + 1, dtype=torch.float64)
+    return (weights / weights.sum()).log().float()
+
+
+def test_frequency_bins_share_sqrt_frequency_and_keep_every_class():
+    prior = zipf_prior(1000)
+    bounds = frequency_bins(prior, 30)
+    sizes = (bounds[1:] - bounds[:-1]).tolist()
+    assert bounds[0] == 0 and bounds[-1] == 1000 and min(sizes) >= 1
+    shares = [prior[a:b].double().mul(0.5).exp().sum().item() for a, b in pairwise(bounds.tolist())]
+    assert max(shares) < 2.5 * min(shares)  # about equal sqrt-frequency mass per class
+    assert sizes[0] < sizes[-1]  # frequent words in small classes, rare words in large ones
+    # a word heavier than a whole share still leaves room for every later class
+    skewed = torch.tensor([0.97] + [0.03 / 9] * 9).log()
+    assert frequency_bins(skewed, 5).tolist() == [0, 1, 2, 3, 4, 10]
+
+
+def test_class_head_is_class_times_word_in_class():
+    torch.manual_seed(0)
+    head = ClassSoftmax(D, V, classes=6)
+    head.init_bias(zipf_prior(V))
+    hidden = torch.randn(N, D)
+    class_logprob = head.classes(hidden).log_softmax(-1)
+    logits = head.words(hidden)
+    want = torch.empty(N, V)
+    for c, (a, b) in enumerate(pairwise(head.bounds.tolist())):
+        want[:, a:b] = class_logprob[:, c, None] + logits[:, a:b].log_softmax(-1)
+    torch.testing.assert_close(head.log_probs(hidden), want)
+    assert len(head.bounds) == 7 and ClassSoftmax(D, 10_000).bounds.numel() == 101  # round(sqrt(|V|)) by default
+
+
+def test_class_head_scores_only_the_targets_class():
+    torch.manual_seed(0)
+    head = ClassSoftmax(D, V, classes=6)
+    head.init_bias(zipf_prior(V))
+    _, _, logits = head._in_class(torch.randn(3, D), torch.tensor([0, 30, 59]))
+    assert logits.shape == (3, head.max_class_size) and head.max_class_size < V / 2
+    sizes = (head.bounds[1:] - head.bounds[:-1])[head.word_class[torch.tensor([0, 30, 59])]]
+    assert torch.equal(torch.isfinite(logits).sum(1), sizes)  # padding is masked out
+
+
+def test_huffman_tree_gives_frequent_words_short_paths():
+    prior = zipf_prior(V)
+    head = TreeSoftmax(D, V, "huffman")
+    head.init_bias(prior)
+    depth = (head.path_signs != 0).sum(1).double()
+    assert depth[0] < depth[-1]
+    assert (2.0**-depth).sum().item() == pytest.approx(1.0)  # Kraft equality: a full binary tree
+    entropy = -(prior.double().exp() * prior.double() / math.log(2)).sum().item()
+    assert entropy <= (prior.double().exp() * depth).sum().item() < entropy + 1  # Huffman's optimal code length
+    balanced = TreeSoftmax(D, 64, "balanced")
+    assert torch.all((balanced.path_signs != 0).sum(1) == 6)
+
+
+def test_tree_logprob_is_the_product_along_the_path():
+    torch.manual_seed(0)
+    head = TreeSoftmax(D, V, "huffman")
+    head.init_bias(zipf_prior(V))
+    hidden = torch.randn(5, D)
+    parent = {}
+    for i, (left, right) in enumerate(head.branches.tolist()):
+        parent[left], parent[right] = (i, -1.0), (i, 1.0)
+    logits = head.nodes(hidden)
+    for word in (0, 17, V - 1):
+        want, node = torch.zeros(5), word
+        while node in parent:
+            i, sign = parent[node]
+            want = want + torch.nn.functional.logsigmoid(sign * logits[:, i])
+            node = V + i
+        torch.testing.assert_close(head.target_logprob(hidden, torch.full((5,), word)), want)
+    torch.testing.assert_close(head.log_probs(hidden).exp().sum(-1), torch.ones(5))  # the leaves sum to one
+
+
+def test_tree_is_rebuilt_from_a_checkpoint():
+    torch.manual_seed(0)
+    trained = TreeSoftmax(D, V, "huffman")
+    trained.init_bias(zipf_prior(V))
+    fresh = TreeSoftmax(D, V, "huffman")  # equal-weight tree until loaded
+    assert not torch.equal(fresh.branches, trained.branches)
+    fresh.load_state_dict(trained.state_dict())
+    hidden = torch.randn(4, D)
+    torch.testing.assert_close(fresh.log_probs(hidden), trained.log_probs(hidden))
+    assert set(trained.state_dict()) == {"branches", "nodes.weight", "nodes.bias"}  # paths are derived
+
+
+def test_class_bins_are_rebuilt_from_a_checkpoint():
+    torch.manual_seed(0)
+    trained = ClassSoftmax(D, V, classes=6)
+    trained.init_bias(zipf_prior(V))
+    fresh = ClassSoftmax(D, V, classes=6)
+    fresh.load_state_dict(trained.state_dict())
+    hidden = torch.randn(4, D)
+    torch.testing.assert_close(fresh.log_probs(hidden), trained.log_probs(hidden))
+
+
+def test_huffman_branches_put_children_before_parents():
+    branches = huffman_branches(np.array([5.0, 1.0, 1.0, 2.0]))
+    assert branches.tolist() == [[1, 2], [3, 4], [5, 0]]  # 1+1 -> 4; 2+2 -> 5; 4+5 -> root 6
+
+
+def test_slim_assignment_is_balanced_fixed_and_saved():
+    head = SlimSoftmax(D, V, subvectors=4, pool=40)  # 10 vectors per position, each for 6 of the 60 words
+    for k in range(4):
+        assert torch.bincount(head.assignment[:, k], minlength=10).tolist() == [6] * 10
+    assert torch.equal(head.assignment, SlimSoftmax(D, V, subvectors=4, pool=40).assignment)
+    assert "assignment" in head.state_dict()
+    assert head.pools.numel() == 40 * D // 4  # M sub-vectors of D/K
+
+
+def test_slim_logits_by_dynamic_programme_equal_the_composed_matrix():
+    torch.manual_seed(0)
+    head = SlimSoftmax(D, V, subvectors=3, pool=15)
+    hidden = torch.randn(N, D)
+    vectors, bias = head.output_vectors(torch.arange(V))
+    for w in (0, 7, V - 1):
+        parts = [head.pools[k, head.assignment[w, k]] for k in range(3)]
+        torch.testing.assert_close(vectors[w], torch.cat(parts))
+    torch.testing.assert_close(head.logits(hidden), hidden @ vectors.T + bias)
+
+
+def test_slim_sizes_are_validated():
+    with pytest.raises(ValueError, match="head.slim_subvectors = 5"):
+        SlimSoftmax(D, V, subvectors=5, pool=40)
+    with pytest.raises(ValueError, match="head.slim_pool = 42"):
+        SlimSoftmax(D, V, subvectors=4, pool=42)
+
+
+def test_log_z_shifts_scores_not_probabilities():
+    torch.manual_seed(0)
+    plain = FullSoftmax(D, V)
+    shifted = FullSoftmax(D, V, log_z=9.0)
+    shifted.load_state_dict({**plain.state_dict(), "log_z": torch.tensor(9.0)})
+    hidden, targets = torch.randn(N, D), torch.randint(0, V, (N,))
+    torch.testing.assert_close(shifted.log_probs(hidden), plain.log_probs(hidden))
+    torch.testing.assert_close(shifted.target_score(hidden, targets), plain.target_score(hidden, targets) - 9.0)
+    learned = FullSoftmax(D, V, log_z=2.0, learn_log_z=True)
+    assert any(p is learned.log_z for p in learned.parameters())
+    with torch.no_grad():
+        learned.log_z.fill_(0.05)  # as the model's uniform init leaves it
+    learned.init_bias(zipf_prior(V))
+    assert learned.log_z.item() == 2.0  # restarted at head.log_z
+    torch.testing.assert_close(learned.scores(torch.zeros(1, D))[0], zipf_prior(V))
+    assert "log_z" not in FullSoftmax(D, V).state_dict()  # checkpoints of plain heads are unchanged
+
+
+def test_unigram_bias_false_keeps_biases_but_hands_over_the_prior():
+    head = build_head(HeadConfig(type="full", unigram_bias=False), D, V)
+    before = head.linear.bias.clone()
+    head.init_bias(zipf_prior(V))
+    assert torch.equal(head.linear.bias, before)
+    torch.testing.assert_close(head.log_prior, zipf_prior(V))
+
+
+def test_registry_builds_every_head_and_names_the_key():
+    built = {
+        name: build_head(HeadConfig(type=name, cutoffs=[10, 30], slim_pool=8, tree="balanced"), D, V)
+        for name in ("full", "adaptive", "class", "tree", "slim")
+    }
+    assert [type(h).__name__ for h in built.values()] == [
+        "FullSoftmax",
+        "AdaptiveSoftmax",
+        "ClassSoftmax",
+        "TreeSoftmax",
+        "SlimSoftmax",
+    ]
+    with pytest.raises(ValueError, match="head.type = 'bogus'"):
+        build_head(HeadConfig(type="bogus"), D, V)
+    with pytest.raises(ValueError, match="head.tree = 'brown'"):
+        TreeSoftmax(D, V, "brown")
+    with pytest.raises(ValueError, match="head.classes = 61"):
+        ClassSoftmax(D, V, classes=61)

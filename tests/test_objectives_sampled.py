@@ -1,0 +1,287 @@
+"""Sampled objectives: the proposal, each loss against its formula, their limits, and training through the loop."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from training.cli import main
+from training.config import SAMPLED_OBJECTIVES, ConfigError, HeadConfig, ObjectiveConfig, config_from_dict
+from training.heads import AdaptiveSoftmax, FullSoftmax, SlimSoftmax, build_head
+from training.objectives import (
+    NCE,
+    SAMPLED_TYPES,
+    BetaNCE,
+    BlackOut,
+    ImportanceSampling,
+    NegativeSampling,
+    Noise,
+    build_objective,
+    self_normalised,
+)
+
+V, D, N = 30, 8, 20
+
+
+def zipf_prior(vocab_size: int = V) -> torch.Tensor:
+    weights = 1.0 / torch.arange(1, vocab_size + 1, dtype=torch.float64)
+    return (weights / weights.sum()).log().float()
+
+
+def linear_head(**kwargs) -> FullSoftmax:
+    torch.manual_seed(0)
+    head = FullSoftmax(D, V, **kwargs)
+    head.init_bias(zipf_prior())
+    return head
+
+
+def fixed_samples(monkeypatch, ids):
+    monkeypatch.setattr(Noise, "sample", lambda self, n: torch.tensor(ids))
+
+
+def test_registry_matches_the_config_choices():
+    assert tuple(SAMPLED_TYPES) == SAMPLED_OBJECTIVES
+    for name in SAMPLED_OBJECTIVES:
+        assert type(build_objective(ObjectiveConfig(type=name))).name == name
+
+
+def test_noise_is_powered_unigram_mixed_with_uniform_and_sampled_from():
+    prior = zipf_prior()
+    noise = Noise(prior, power=0.75, uniform=0.2)
+    powered = prior.double().exp() ** 0.75
+    want = 0.8 * powered / powered.sum() + 0.2 / V
+    torch.testing.assert_close(noise.log_q.exp().double(), want, atol=1e-6, rtol=0)
+    torch.manual_seed(0)
+    counts = torch.bincount(noise.sample(200_000), minlength=V).double()
+    torch.testing.assert_close(counts / counts.sum(), want, atol=3e-3, rtol=0)
+    torch.testing.assert_close(Noise(prior, 0.0, 0.0).log_q.exp(), torch.full((V,), 1 / V))
+    torch.testing.assert_close(Noise(prior, 1.0, 1.0).log_q.exp(), torch.full((V,), 1 / V))
+
+
+def test_importance_sampling_is_a_corrected_softmax_over_target_and_samples(monkeypatch):
+    head, hidden, targets = linear_head(), torch.randn(3, D), torch.tensor([0, 4, 9])
+    samples = [4, 2, 2, 17]  # duplicates kept; 4 is row 1's own target (an accidental hit)
+    fixed_samples(monkeypatch, samples)
+    objective = ImportanceSampling(samples=4)
+    out = objective(head, hidden, targets)
+    log_q = objective.noise(head).log_q
+    logits = head.scores(hidden)
+    want = 0.0
+    for n, t in enumerate(targets.tolist()):
+        row = [logits[n, t] - math.log(4) - log_q[t]]
+        row += [logits[n, j] - math.log(4) - log_q[j] for j in samples if j != t]
+        want = want - (row[0] - torch.stack(row).logsumexp(0))
+    torch.testing.assert_close(out.loss, want)
+
+
+def test_importance_sampling_gradient_tends_to_the_cross_entropy_gradient():
+    """With many samples the sampled softmax's gradient is the exact one. (Removing accidental hits leaves the
+    target's own mass out of the estimated normaliser, a bias of the order of p(target): small over many words.)"""
+    vocab_size, grads = 2000, {}
+    for name, objective in (("is", ImportanceSampling(samples=20_000)), ("ce", build_objective(ObjectiveConfig()))):
+        torch.manual_seed(0)
+        head = FullSoftmax(D, vocab_size)
+        head.init_bias(zipf_prior(vocab_size))
+        hidden = torch.randn(N, D, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        targets = torch.randint(0, vocab_size, (N,), generator=torch.Generator().manual_seed(2))
+        objective(head, hidden, targets).loss.backward()
+        grads[name] = hidden.grad
+    assert (grads["is"] - grads["ce"]).norm() < 0.02 * grads["ce"].norm()
+
+
+def test_nce_is_logistic_regression_of_data_against_k_noise_words(monkeypatch):
+    head, hidden, targets = linear_head(log_z=2.0), torch.randn(3, D), torch.tensor([0, 4, 9])
+    fixed_samples(monkeypatch, [4, 1, 28])
+    objective = NCE(samples=3)
+    out = objective(head, hidden, targets)
+    log_q = objective.noise(head).log_q
+    scores = head.scores(hidden)  # already less log_z
+    want = 0.0
+    for n, t in enumerate(targets.tolist()):
+        want = want - F.logsigmoid(scores[n, t] - math.log(3 * log_q[t].exp()))
+        for j in (4, 1, 28):  # a noise word equal to the target stays: NCE's noise may draw it
+            want = want - F.logsigmoid(-(scores[n, j] - math.log(3 * log_q[j].exp())))
+    torch.testing.assert_close(out.loss, want)
+
+
+def test_negative_sampling_ignores_the_noise_probabilities(monkeypatch):
+    head, hidden, targets = linear_head(), torch.randn(3, D), torch.tensor([0, 4, 9])
+    fixed_samples(monkeypatch, [4, 1])
+    scores = head.scores(hidden)
+    want = -(F.logsigmoid(scores[torch.arange(3), targets]) + F.logsigmoid(-scores[:, [4, 1]]).sum(1)).sum()
+    torch.testing.assert_close(NegativeSampling(samples=2)(head, hidden, targets).loss, want)
+
+
+def test_blackout_shares_one_weighted_denominator(monkeypatch):
+    head, hidden, targets = linear_head(), torch.randn(3, D), torch.tensor([0, 4, 9])
+    samples = [4, 2, 17]
+    fixed_samples(monkeypatch, samples)
+    objective = BlackOut(samples=3)
+    out = objective(head, hidden, targets)
+    q = objective.noise(head).log_q.exp()
+    weighted = head.scores(hidden).exp() / q  # exp(s_w) / Q(w)
+    want = 0.0
+    for n, t in enumerate(targets.tolist()):
+        others = [j for j in samples if j != t]  # S_K excludes the target
+        denominator = weighted[n, t] + weighted[n, others].sum()
+        want = want - torch.log(weighted[n, t] / denominator)
+        want = want - torch.log(1 - weighted[n, others] / denominator).sum()
+    torch.testing.assert_close(out.loss, want)
+
+
+def test_beta_nce_is_a_power_loss_that_reduces_to_nce(monkeypatch):
+    head, hidden, targets = linear_head(), torch.randn(3, D), torch.tensor([0, 4, 9])
+    fixed_samples(monkeypatch, [4, 1, 28])
+    nce = NCE(samples=3)(head, hidden, targets).loss
+    torch.testing.assert_close(BetaNCE(3, beta=1.0)(head, hidden, targets).loss, nce)
+    torch.testing.assert_close(BetaNCE(3, beta=1.0 + 1e-5)(head, hidden, targets).loss, nce, atol=1e-3, rtol=1e-4)
+    objective = BetaNCE(3, beta=1.25)
+    log_q = objective.noise(head).log_q
+    scores = head.scores(hidden)
+    want = 0.0
+    for n, t in enumerate(targets.tolist()):
+        p_data = torch.sigmoid(scores[n, t] - math.log(3) - log_q[t])
+        want = want + (1 - p_data**0.25) / 0.25
+        for j in (4, 1, 28):
+            p_noise = torch.sigmoid(-(scores[n, j] - math.log(3) - log_q[j]))
+            want = want + (1 - p_noise**0.25) / 0.25
+    torch.testing.assert_close(objective(head, hidden, targets).loss, want)
+    with pytest.raises(ValueError, match="objective.beta = 0"):
+        BetaNCE(3, beta=0.0)
+
+
+@pytest.mark.parametrize("name", SAMPLED_OBJECTIVES)
+def test_the_selfnorm_penalty_composes_with_every_sampled_objective(monkeypatch, name):
+    head, hidden, targets = linear_head(), torch.randn(N, D), torch.randint(0, V, (N,))
+    fixed_samples(monkeypatch, [3, 5, 7])
+    plain = build_objective(ObjectiveConfig(type=name, samples=3, nll_stride=1))(head, hidden, targets)
+    penalised = build_objective(ObjectiveConfig(type=name, samples=3, selfnorm_alpha=0.5))(head, hidden, targets)
+    log_z = head.scores(hidden).logsumexp(-1)
+    torch.testing.assert_close(penalised.loss - plain.loss, 0.5 * log_z.pow(2).sum())
+    exact = F.cross_entropy(head.scores(hidden), targets, reduction="sum")
+    torch.testing.assert_close(plain.nll, exact)  # stride 1: every position
+    torch.testing.assert_close(penalised.nll, exact)  # the penalty's rows give it for free
+
+
+def test_the_training_nll_is_estimated_from_every_nth_position():
+    head, hidden, targets = linear_head(), torch.randn(64, D), torch.randint(0, V, (64,))
+    out = ImportanceSampling(samples=5, nll_stride=8)(head, hidden, targets)
+    per_position = F.cross_entropy(head.scores(hidden), targets, reduction="none")
+    torch.testing.assert_close(out.nll, per_position[::8].sum() * 8)
+    assert not out.nll.requires_grad
+
+
+def test_samples_are_shared_and_only_they_and_the_targets_get_gradients():
+    head, hidden, targets = linear_head(), torch.randn(N, D), torch.randint(0, 10, (N,))
+    torch.manual_seed(5)
+    NCE(samples=4, nll_stride=N)(head, hidden, targets).loss.backward()
+    touched = set(torch.nonzero(head.linear.weight.grad.abs().sum(1)).flatten().tolist())
+    torch.manual_seed(5)
+    drawn = set(Noise(head.log_prior, 1.0, 0.0).sample(4).tolist())
+    assert touched == set(targets.tolist()) | drawn
+
+
+def test_sampled_objectives_work_on_slim_heads_and_refuse_others():
+    torch.manual_seed(0)
+    slim = SlimSoftmax(D, V, subvectors=2, pool=10, log_z=1.0, learn_log_z=True)
+    slim.init_bias(zipf_prior())
+    hidden = torch.randn(N, D, requires_grad=True)
+    BlackOut(samples=6)(slim, hidden, torch.randint(0, V, (N,))).loss.backward()
+    assert slim.pools.grad.abs().sum() > 0 and slim.log_z.grad is not None
+    adaptive = AdaptiveSoftmax(D, V, cutoffs=[10])
+    adaptive.init_bias(zipf_prior())
+    with pytest.raises(ValueError, match="objective.type = nce .* head.type = full or slim"):
+        NCE(samples=3)(adaptive, hidden, torch.zeros(N, dtype=torch.long))
+    with pytest.raises(ValueError, match='head.bias_init = "unigram"'):
+        NCE(samples=3)(FullSoftmax(D, V), hidden, torch.zeros(N, dtype=torch.long))
+
+
+def test_sampled_settings_are_validated_with_their_keys():
+    for kwargs, key in (
+        ({"samples": 0}, "objective.samples"),
+        ({"noise_power": -1.0}, "objective.noise_power"),
+        ({"noise_uniform": 1.5}, "objective.noise_uniform"),
+        ({"nll_stride": 0}, "objective.nll_stride"),
+    ):
+        with pytest.raises(ValueError, match=key):
+            build_objective(ObjectiveConfig(type="nce", **kwargs))
+
+
+def test_config_refuses_combinations_that_cannot_work():
+    with pytest.raises(ConfigError, match="needs head.type = full or slim, got tree"):
+        config_from_dict({"head": {"type": "tree", "bias_init": "unigram"}, "objective": {"type": "nce"}})
+    with pytest.raises(ConfigError, match='objective.type = blackout draws noise .* head.bias_init = "unigram"'):
+        config_from_dict({"objective": {"type": "blackout"}})
+    with pytest.raises(ConfigError, match="head.type = class bins words by frequency"):
+        config_from_dict({"head": {"type": "class"}})
+    with pytest.raises(ConfigError, match="head.tree = huffman"):
+        config_from_dict({"head": {"type": "tree"}})
+    config_from_dict({"head": {"type": "tree", "tree": "balanced"}})  # needs no frequencies
+
+
+def test_normalisation_is_decided_by_head_and_objective():
+    def cfg(head="full", objective="cross_entropy", alpha=0.0):
+        return config_from_dict(
+            {
+                "head": {"type": head, "bias_init": "unigram", "slim_pool": 8},
+                "objective": {"type": objective, "selfnorm_alpha": alpha},
+            }
+        )
+
+    assert not self_normalised(cfg())
+    assert self_normalised(cfg(alpha=0.1))
+    assert all(self_normalised(cfg(objective=name)) for name in SAMPLED_OBJECTIVES)
+    assert self_normalised(cfg(head="slim", objective="importance_sampling"))
+    assert not self_normalised(cfg(head="class"))
+    assert self_normalised(cfg(head="class", alpha=0.1))
+    assert not self_normalised(cfg(head="tree", alpha=0.1))  # its scores are log-probabilities
+
+
+def test_nce_with_a_learned_log_z_trains_a_self_normalised_model():
+    """Fit per-context distributions (one-hot contexts, so the head can represent them exactly) with NCE, Z_c
+    learned from log 9, and with cross-entropy: NCE's scores come out normalised without Z ever being computed, and
+    its exact likelihood is close to the exact objective's."""
+    torch.manual_seed(0)
+    contexts = torch.arange(512) % D
+    hidden = torch.eye(D)[contexts]
+    targets = torch.distributions.Categorical(
+        probs=torch.distributions.Dirichlet(torch.full((V,), 0.5)).sample((D,))[contexts]
+    ).sample()
+    results = {}
+    for name, cfg in (("nce", ObjectiveConfig(type="nce", samples=20)), ("ce", ObjectiveConfig())):
+        head = build_head(HeadConfig(log_z=9.0, learn_log_z=True), D, V)
+        head.init_bias(zipf_prior())
+        objective = build_objective(cfg)
+        optimizer = torch.optim.Adam(head.parameters(), lr=0.05)
+        torch.manual_seed(1)
+        for _ in range(100):
+            optimizer.zero_grad()
+            (objective(head, hidden, targets).loss / len(targets)).backward()
+            optimizer.step()
+        with torch.no_grad():
+            score, log_norms = head.target_terms(hidden, targets)
+            results[name] = ((log_norms.sum(-1) - score).mean().item(), log_norms.sum(-1).abs().mean().item())
+    assert results["nce"][1] < 0.25  # |log Z| small: self-normalised
+    assert results["nce"][0] < results["ce"][0] * 1.05
+
+
+@pytest.mark.parametrize(
+    ("head", "objective"),
+    [
+        ("full", {"type": "importance_sampling", "samples": 20}),
+        ("full", {"type": "negative_sampling", "samples": 10, "noise_power": 0.75}),
+        ("full", {"type": "blackout", "samples": 20, "noise_power": 0.5}),
+        ("full", {"type": "beta_nce", "samples": 20, "beta": 1.25}),
+        ("slim", {"type": "nce", "samples": 20, "selfnorm_alpha": 0.1, "selfnorm_gamma": 0.5}),
+    ],
+)
+def test_sampled_objectives_train_through_the_loop(write_config, tmp_path, head, objective):
+    config = write_config("sentence", head, objective=objective, train={"epochs": 1})
+    settings = ["head.bias_init=unigram", "head.learn_log_z=true", "head.slim_pool=32"]
+    assert main(["fit", str(config), "--out", str(tmp_path / "run"), *(f"--set={s}" for s in settings)]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert (
+        math.isfinite(results["test"]["ppl"]) and results["test"]["ppl"] < 30
+    )  # uniform over the ~43 words is 43; exact CE gets 21

@@ -1,0 +1,125 @@
+"""Class-based softmax (Goodman 2001; Mikolov et al. 2011): p(w | h) = p(class(w) | h) · p(w | class(w), h).
+
+Classes are frequency bins: ids are sorted by descending frequency (the vocabulary guarantees it, specials aside), so
+each class is a contiguous id range, cut where the running sum of sqrt(frequency) crosses a multiple of 1/C — the
+binning of Mikolov's rnnlm toolkit. Binning sqrt-frequencies rather than frequencies keeps the rare-word classes
+small (PTB, 100 classes: at most 293 words instead of 1633), and the cost of a target is its class's size padded to
+the largest class, so that every target of a batch goes through one gather and one batched product.
+
+Until ``init_bias`` hands over the training unigram, the classes are equal-sized id ranges; the bounds are a buffer
+saved with the model, and everything else is derived from them.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+import torch
+from torch import nn
+
+from training.heads.base import Head, per_candidate, rowwise_dot
+
+
+def frequency_bins(log_prior: torch.Tensor, classes: int) -> torch.Tensor:
+    """``classes + 1`` increasing bounds over ids, cutting the running sqrt-frequency mass into equal shares; every
+    class keeps at least one word."""
+    vocab_size = len(log_prior)
+    mass = (0.5 * log_prior.double()).exp().cumsum(0)
+    cuts = torch.searchsorted(mass, mass[-1] * torch.arange(1, classes, dtype=torch.float64) / classes, right=True)
+    bounds = [0]
+    for c, cut in enumerate(cuts.tolist(), start=1):
+        bounds.append(min(max(cut, bounds[-1] + 1), vocab_size - (classes - c)))
+    return torch.tensor([*bounds, vocab_size])
+
+
+class ClassSoftmax(Head):
+    def __init__(self, in_dim: int, vocab_size: int, classes: int = 0):
+        super().__init__()
+        classes = classes or round(math.sqrt(vocab_size))
+        if not 1 <= classes <= vocab_size:
+            raise ValueError(f"head.classes = {classes}: expected between 1 and the vocabulary size {vocab_size}")
+        self.vocab_size = vocab_size
+        self.classes = nn.Linear(in_dim, classes)
+        self.words = nn.Linear(in_dim, vocab_size)  # each word's vector and bias inside its class
+        equal = torch.linspace(0, vocab_size, classes + 1).round().long()
+        self.register_buffer("bounds", equal)
+        self._derive()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._derive())
+
+    def _derive(self) -> None:
+        """Index tables from ``bounds``: each word's class and slot in a ``[C, S]`` table padded to the largest
+        class S, and that table's word ids (padding repeats the class's first word and is masked)."""
+        bounds = self.bounds
+        sizes = bounds[1:] - bounds[:-1]
+        self.max_class_size = int(sizes.max())
+        slots = torch.arange(self.max_class_size, device=bounds.device)
+        valid = slots[None, :] < sizes[:, None]
+        word_class = torch.bucketize(torch.arange(self.vocab_size, device=bounds.device), bounds, right=True) - 1
+        self.register_buffer("offsets", slots, persistent=False)
+        self.register_buffer("table_valid", valid, persistent=False)
+        self.register_buffer("table_ids", torch.where(valid, bounds[:-1, None] + slots, bounds[:-1, None]), False)
+        self.register_buffer("word_class", word_class, persistent=False)
+        word_slot = word_class * self.max_class_size + torch.arange(self.vocab_size, device=bounds.device)
+        self.register_buffer("word_slot", word_slot - bounds.index_select(0, word_class), persistent=False)
+
+    @torch.no_grad()
+    def fit_prior(self, log_prior):
+        self.bounds.copy_(frequency_bins(log_prior, len(self.bounds) - 1))
+        self._derive()
+
+    @torch.no_grad()
+    def set_prior_bias(self, log_prior):
+        """Class biases at the class's mass, word biases at the word's share of it."""
+        class_mass = torch.stack([log_prior[a:b].logsumexp(0) for a, b in pairwise(self.bounds.tolist())])
+        self.classes.bias.copy_(class_mass)
+        self.words.bias.copy_(log_prior - class_mass.index_select(0, self.word_class))
+
+    def _in_class(self, hidden, targets):
+        """(class of each target, its position in the class, masked logits ``[N, S]`` of the class's words)."""
+        cls = self.word_class.index_select(0, targets)
+        start = self.bounds.index_select(0, cls)
+        ids = self.table_ids.index_select(0, cls)  # [N, S]
+        vectors = self.words.weight.index_select(0, ids.reshape(-1)).reshape(ids.shape[0], ids.shape[1], -1)
+        logits = torch.bmm(vectors, hidden.unsqueeze(2)).squeeze(2)
+        logits = logits + self.words.bias.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+        logits = logits.masked_fill(~self.table_valid.index_select(0, cls), float("-inf"))
+        return cls, (targets - start).unsqueeze(1), logits
+
+    def target_terms(self, hidden, targets):
+        cls, position, logits = self._in_class(hidden, targets)
+        class_logits = self.classes(hidden)
+        score = class_logits.gather(1, cls[:, None]).squeeze(1) + logits.gather(1, position).squeeze(1)
+        return score, torch.stack([class_logits.logsumexp(-1), logits.logsumexp(-1)], dim=-1)
+
+    def target_logprob(self, hidden, targets):
+        # through log_softmax (see LinearHead.target_logprob for why)
+        cls, position, logits = self._in_class(hidden, targets)
+        class_logprob = torch.log_softmax(self.classes(hidden), dim=-1).gather(1, cls[:, None]).squeeze(1)
+        return class_logprob + torch.log_softmax(logits, dim=-1).gather(1, position).squeeze(1)
+
+    def candidate_logprobs(self, hidden, candidates):
+        """Each candidate costs its class, less than the whole distribution for few candidates."""
+        return per_candidate(self.target_logprob, hidden, candidates)
+
+    def log_probs(self, hidden):
+        classes, size = len(self.bounds) - 1, self.max_class_size
+        table = self.words(hidden).index_select(1, self.table_ids.reshape(-1)).reshape(-1, classes, size)
+        in_class = torch.log_softmax(table.masked_fill(~self.table_valid, float("-inf")), dim=-1)
+        class_logprob = torch.log_softmax(self.classes(hidden), dim=-1)
+        return class_logprob.index_select(1, self.word_class) + in_class.reshape(-1, classes * size).index_select(
+            1, self.word_slot
+        )
+
+    def target_score(self, hidden, targets):
+        cls = self.word_class.index_select(0, targets)
+        class_score = rowwise_dot(self.classes.weight.index_select(0, cls), hidden) + self.classes.bias.index_select(
+            0, cls
+        )
+        word_score = rowwise_dot(self.words.weight.index_select(0, targets), hidden) + self.words.bias.index_select(
+            0, targets
+        )
+        return class_score + word_score
+
+    def scores(self, hidden):
+        return self.classes(hidden).index_select(1, self.word_class) + self.words(hidden)

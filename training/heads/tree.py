@@ -1,0 +1,127 @@
+"""Parallel tree softmax (hierarchical softmax over a binary tree; Morin & Bengio 2005, Mnih & Hinton 2009, and the
+p-tHSM batching): log p(w | h) = Σ_i log σ(d_i · (θ_iᵀh + b_i)) over the internal nodes i on w's path, d_i = +1
+where the path turns right and -1 where it turns left.
+
+Every node is a normalised binary choice, so the leaves sum to one without any normaliser and the score of a target
+is its exact log-probability, at a cost of its path length (about log2 |V| nodes for a Huffman tree). The paths of a
+batch's targets are padded to the deepest leaf and evaluated together: one gather of node vectors ``[N, L, D]`` and
+one batched product with the hidden states.
+
+The tree is a buffer saved with the model, ``branches [V-1, 2]``: internal node i (id V + i) has the two children
+``branches[i]`` (ids below V are words; a parent comes after its children, so the root is the last). ``huffman``
+trees are Huffman codes of the training unigram (Mikolov et al. 2013), built when ``init_bias`` hands it over;
+``balanced`` trees (and every tree before then) are Huffman codes of equal weights. Paths are derived again after a
+checkpoint is loaded.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.heads.base import Head, per_candidate
+
+TREE_TYPES = ("huffman", "balanced")
+
+
+def huffman_branches(weights: np.ndarray) -> torch.Tensor:
+    """Huffman tree over ``weights`` (ties broken by id, so the tree is reproducible); the lighter child goes left."""
+    vocab_size = len(weights)
+    heap = [(float(w), i) for i, w in enumerate(weights)]
+    heapq.heapify(heap)
+    branches = []
+    for node in range(vocab_size, 2 * vocab_size - 1):
+        left_weight, left = heapq.heappop(heap)
+        right_weight, right = heapq.heappop(heap)
+        branches.append((left, right))
+        heapq.heappush(heap, (left_weight + right_weight, node))
+    return torch.tensor(branches, dtype=torch.long).reshape(-1, 2)
+
+
+class TreeSoftmax(Head):
+    def __init__(self, in_dim: int, vocab_size: int, tree: str = "huffman"):
+        super().__init__()
+        if tree not in TREE_TYPES:
+            raise ValueError(f"head.tree = {tree!r}, expected one of {', '.join(TREE_TYPES)}")
+        if vocab_size < 2:
+            raise ValueError(f"a tree softmax needs at least 2 words, the vocabulary has {vocab_size}")
+        self.vocab_size = vocab_size
+        self.tree = tree
+        self.nodes = nn.Linear(in_dim, vocab_size - 1)
+        self.register_buffer("branches", huffman_branches(np.ones(vocab_size)))
+        self._derive_paths()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._derive_paths())
+
+    def _derive_paths(self) -> None:
+        """``path_nodes [V, L]`` (internal node indices) and ``path_signs [V, L]`` (+1 right, -1 left, 0 padding)
+        from ``branches``, walking up from every leaf at once."""
+        vocab_size = self.vocab_size
+        branches = self.branches.cpu()
+        parent = torch.full((2 * vocab_size - 1,), -1, dtype=torch.long)
+        side = torch.zeros(2 * vocab_size - 1)
+        internal = torch.arange(vocab_size - 1)
+        parent[branches[:, 0]], side[branches[:, 0]] = internal, -1.0
+        parent[branches[:, 1]], side[branches[:, 1]] = internal, 1.0
+        node, nodes, signs = torch.arange(vocab_size), [], []
+        while bool((parent[node] >= 0).any()):
+            up = parent[node]
+            active = up >= 0
+            nodes.append(torch.where(active, up, 0))
+            signs.append(torch.where(active, side[node], 0.0))
+            node = torch.where(active, up + vocab_size, node)
+        device = self.branches.device
+        self.register_buffer("path_nodes", torch.stack(nodes, 1).to(device), persistent=False)
+        self.register_buffer("path_signs", torch.stack(signs, 1).to(device), persistent=False)
+
+    @torch.no_grad()
+    def fit_prior(self, log_prior):
+        if self.tree == "huffman":
+            self.branches.copy_(huffman_branches(log_prior.double().exp().cpu().numpy()))
+            self._derive_paths()
+
+    @torch.no_grad()
+    def set_prior_bias(self, log_prior):
+        """Each node's bias at log(mass right / mass left): a zero state then walks down to the prior exactly."""
+        vocab_size = self.vocab_size
+        mass = np.zeros(2 * vocab_size - 1)
+        mass[:vocab_size] = log_prior.double().exp().cpu().numpy()
+        branches = self.branches.cpu().numpy()
+        for i, (left, right) in enumerate(branches):  # children before parents
+            mass[vocab_size + i] = mass[left] + mass[right]
+        bias = np.log(mass[branches[:, 1]]) - np.log(mass[branches[:, 0]])
+        self.nodes.bias.copy_(torch.from_numpy(bias))
+
+    def target_terms(self, hidden, targets):
+        """(exact log-probability, a zero log normaliser): there is nothing to normalise."""
+        nodes = self.path_nodes.index_select(0, targets)  # [N, L]
+        signs = self.path_signs.index_select(0, targets)
+        vectors = self.nodes.weight.index_select(0, nodes.reshape(-1)).reshape(nodes.shape[0], nodes.shape[1], -1)
+        logits = torch.bmm(vectors, hidden.unsqueeze(2)).squeeze(2)
+        logits = logits + self.nodes.bias.index_select(0, nodes.reshape(-1)).reshape(nodes.shape)
+        logprob = (nn.functional.logsigmoid(signs * logits) * signs.abs()).sum(-1)
+        return logprob, torch.zeros_like(logprob).unsqueeze(1)
+
+    def target_logprob(self, hidden, targets):
+        return self.target_terms(hidden, targets)[0]
+
+    def target_score(self, hidden, targets):
+        return self.target_logprob(hidden, targets)
+
+    def candidate_logprobs(self, hidden, candidates):
+        """Each candidate costs its path, less than the whole distribution for few candidates."""
+        return per_candidate(self.target_logprob, hidden, candidates)
+
+    def log_probs(self, hidden):
+        """Every node's logit at once, then one path step of every word at a time: memory ``[N, V]``, not
+        ``[N, V, L]``."""
+        logits = self.nodes(hidden)
+        return sum(
+            nn.functional.logsigmoid(signs * logits.index_select(1, nodes)) * signs.abs()
+            for nodes, signs in zip(self.path_nodes.T, self.path_signs.T, strict=True)
+        )
+
+    def scores(self, hidden):
+        return self.log_probs(hidden)
