@@ -1,5 +1,5 @@
 """The model bundle: the one contract between training (``lm-train export`` writes it) and serving (this module
-reads and validates it). Format version 1, documented here once.
+reads and validates it). Format version 2, documented here once; version 1 bundles are still read.
 
 A bundle is a directory::
 
@@ -12,8 +12,11 @@ A bundle is a directory::
 Graphs (float32 scores in natural log; dynamic batch B, length T, candidates K; L layers, state size H):
 
 - ``sentences``: ``input_ids`` int64 [B, T] (``<s> w1 .. wn`` padded with any id), ``target_ids`` int64 [B, T]
-  (``w1 .. wn </s>`` padded), ``lengths`` int64 [B] (n + 1) -> ``logprobs`` [B, T], 0 at padded positions.
-  Every sentence starts from a zero state: sentences are scored independently.
+  (``w1 .. wn </s>`` padded), ``lengths`` int64 [B] (n + 1), ``h0``, ``c0`` float32 [L, B, H] -> ``logprobs``
+  [B, T], 0 at padded positions. A sentence starts from a zero state: sentences are scored independently. A
+  non-zero ``h0``/``c0`` continues a prefix read elsewhere (the ``step`` graph's ``h_out``/``c_out``): the scorer
+  runs the tails of n-best hypotheses this way from the point where they leave the shared prefix tree.
+  (Version 1: no ``h0``/``c0`` inputs, always a zero state; the only difference between the versions.)
 - ``step``: ``prev_ids`` int64 [B], ``h``, ``c`` float32 [L, B, H], ``candidates`` int64 [B, K] -> ``logprobs``
   [B, K], ``h_out``, ``c_out`` [L, B, H]. The state goes in *before* ``prev_ids`` is read and comes out after it;
   the scores are for the word that follows ``prev_ids``. A sentence starts with a zero state and ``prev_ids = <s>``.
@@ -28,7 +31,7 @@ they approximate log-probabilities, with the error measured on held-out text in 
 
 ==================  =============================================================================================
 format              "lmserve-bundle"
-format_version      1
+format_version      2 (1 is read too)
 created             ISO 8601 time of export
 head                output layer: "full", "adaptive", ...
 normalisation       "exact" or "self-normalised" (above)
@@ -57,7 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FORMAT = "lmserve-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 VOCAB_HEADER = "#lmserve-vocab v1"
 GRAPHS = ("sentences", "step", "step_full")
 NORMALISATIONS = ("exact", "self-normalised")
@@ -153,10 +157,10 @@ def validate_manifest(manifest: dict, where: Path | str) -> None:
         raise BundleError(f"{where}: expected a JSON object")
     if manifest.get("format") != FORMAT:
         raise BundleError(f"{where}: field 'format' is {manifest.get('format')!r}, expected {FORMAT!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_VERSIONS:
         raise BundleError(
             f"{where}: format_version {manifest.get('format_version')!r} is not supported "
-            f"(this lmserve reads version {FORMAT_VERSION})"
+            f"(this lmserve reads versions {', '.join(map(str, READABLE_VERSIONS))})"
         )
     for field, kind in REQUIRED.items():
         if not isinstance(manifest.get(field), kind):

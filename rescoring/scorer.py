@@ -109,6 +109,7 @@ class Scorer:
         }
         self.layers = manifest["model"]["layers"]
         self.state_size = manifest["model"]["hidden_size"]
+        self.continues_from_state = "h0" in {i.name for i in self.sessions["sentences"].get_inputs()}
         self._check_graphs()
 
     @property
@@ -179,9 +180,22 @@ class Scorer:
             inputs[row, 1 : len(ids) + 1] = ids
             targets[row, : len(ids)] = ids
         lengths = np.array([len(ids) + 1 for ids in batch], dtype=np.int64)
+        return self._run_sentences(inputs, targets, lengths)
+
+    def _run_sentences(
+        self, inputs: np.ndarray, targets: np.ndarray, lengths: np.ndarray, h0: np.ndarray | None = None, c0=None
+    ) -> np.ndarray:
+        """The ``sentences`` graph from a zero state, or from ``h0``/``c0`` [L, B, H] (format 2 bundles)."""
+        feed = {"input_ids": inputs, "target_ids": targets, "lengths": lengths}
+        if self.continues_from_state:
+            if h0 is None:
+                h0, c0 = self.zero_state(len(lengths))
+            feed |= {"h0": h0, "c0": c0}
+        elif h0 is not None:
+            raise BundleError(f"{self.bundle.path}: a format 1 sentences graph cannot start from a given state")
         self.stats.lstm_steps += int(lengths.sum())
         self.stats.calls += 1
-        return self.sessions["sentences"].run(None, {"input_ids": inputs, "target_ids": targets, "lengths": lengths})[0]
+        return self.sessions["sentences"].run(None, feed)[0]
 
     # -- decoders: one step at a time ----------------------------------------------------------------------------
 
@@ -213,7 +227,8 @@ class Scorer:
         for hyps in encoded:
             root = forest.new_root()
             paths.append([forest.add(root, [*ids, EOS]) for _, ids, _ in hyps])
-        edge_scores = self._run_forest(forest, max_batch_rows)
+        ends = np.array([path[-1] for hyp_paths in paths for path in hyp_paths], dtype=np.int64)
+        edge_scores = self._run_forest(forest, ends, max_batch_rows)
         return [
             [
                 SentenceScore(words, edge_scores[path], oov)
@@ -222,25 +237,44 @@ class Scorer:
             for hyps, hyp_paths in zip(encoded, paths, strict=True)
         ]
 
-    def _run_forest(self, forest: _PrefixForest, max_batch_rows: int) -> np.ndarray:
-        """Score every edge of the forest (by child node): one LSTM step per node that has children, all trees
-        advancing together one depth at a time, each node starting from its parent's output state.
+    def _run_forest(self, forest: _PrefixForest, ends: np.ndarray, max_batch_rows: int) -> np.ndarray:
+        """Score every edge of the forest (by child node), each prefix read by the LSTM once.
 
-        A node's children are its step's candidates. Nodes are grouped by child count (1, 2, 3-4, 5-8, ...) so that
-        padding the candidate matrix to its widest row costs at most twice the real candidates: most nodes of an
-        n-best list have one child, and padding every row to the root's 30 would score 30 times too many words."""
+        Nodes that begin two or more hypotheses are *shared*: they run through the ``step`` graph, all trees
+        advancing together one depth at a time, each node from its parent's output state; their children are the
+        step's candidates. Below a shared node, a child that only one hypothesis goes through starts a *tail*: the
+        rest of that hypothesis, run through the ``sentences`` graph from the shared node's output state, long tails
+        of many lists in one batch (a token costs less there than a row of ``step``). Format 1 bundles, whose
+        ``sentences`` graph always starts from zero, step through every node instead.
+
+        ``step`` nodes are grouped by child count (1, 2, 3-4, 5-8, ...) so that padding the candidate matrix to its
+        widest row costs at most twice the real candidates (padding to the root's 30 would score 30 times too many).
+        """
         if not forest.token:
             return np.zeros(0, dtype=np.float32)
         token, parent, depth = (np.asarray(x) for x in (forest.token, forest.parent, forest.depth))
-        has_children = np.bincount(parent[parent >= 0], minlength=len(token)) > 0
-        edge_scores = np.zeros(len(token), dtype=np.float32)
-        row_of = np.full(len(token), -1)  # a node's row in its depth's step outputs
+        children_of = np.bincount(parent[parent >= 0], minlength=len(token))
         by_depth = np.argsort(depth, kind="stable")
         level_start = np.searchsorted(depth[by_depth], np.arange(depth.max() + 2))
+        below = np.bincount(ends, minlength=len(token))  # hypotheses ending at or below each node
+        for d in range(depth.max(), 0, -1):
+            level = by_depth[level_start[d] : level_start[d + 1]]
+            np.add.at(below, parent[level], below[level])
+        tails = self.continues_from_state
+        only_child = np.full(len(token), -1)
+        only_child[parent[parent >= 0]] = np.flatnonzero(parent >= 0)  # meaningful where children_of == 1
+        edge_scores = np.zeros(len(token), dtype=np.float32)
+        pending = _Tails(self, token, edge_scores)
+        row_of = np.full(len(token), -1)  # a node's row in its depth's step outputs
         h = c = None
         for d in range(depth.max()):
             level = by_depth[level_start[d] : level_start[d + 1]]
-            steppers = level[has_children[level]]
+            steps = children_of[level] > 0
+            if tails and d > 0:
+                steps &= below[level] >= 2
+            steppers = level[steps]
+            if len(steppers) == 0:
+                break
             kids = by_depth[level_start[d + 1] : level_start[d + 2]]
             if d == 0:
                 h_in = c_in = np.zeros((self.layers, len(steppers), self.state_size), dtype=np.float32)
@@ -248,38 +282,97 @@ class Scorer:
                 rows = row_of[parent[steppers]]
                 h_in, c_in = h[:, rows], c[:, rows]
             row_of[steppers] = np.arange(len(steppers))
+            kids = kids[row_of[parent[kids]] >= 0]  # children of this depth's steppers
             kid_rows = row_of[parent[kids]]
             order = np.argsort(kid_rows, kind="stable")
             kids, kid_rows = kids[order], kid_rows[order]
             rank = np.arange(len(kids)) - np.searchsorted(kid_rows, kid_rows)  # position among its siblings
-            children = np.bincount(kid_rows, minlength=len(steppers))
-            group = np.ceil(np.log2(children)).astype(np.int64)
-            h, c = np.empty_like(h_in), np.empty_like(c_in)
-            local = np.empty(len(steppers), dtype=np.int64)  # a stepper's row within its group
-            for g in np.unique(group):
-                members = np.flatnonzero(group == g)
-                local[members] = np.arange(len(members))
-                edges = np.flatnonzero(group[kid_rows] == g)
-                candidates = np.zeros((len(members), children[members].max()), dtype=np.int64)
-                candidates[local[kid_rows[edges]], rank[edges]] = token[kids[edges]]
-                scores = np.empty(candidates.shape, dtype=np.float32)
-                for start in range(0, len(members), max_batch_rows):
-                    part = members[start : start + max_batch_rows]
-                    out = self.sessions["step"].run(
-                        None,
-                        {
-                            "prev_ids": token[steppers[part]],
-                            "h": h_in[:, part],
-                            "c": c_in[:, part],
-                            "candidates": candidates[start : start + max_batch_rows],
-                        },
-                    )
-                    scores[start : start + len(part)] = out[0]
-                    h[:, part], c[:, part] = out[1], out[2]
-                    self.stats.calls += 1
-                edge_scores[kids[edges]] = scores[local[kid_rows[edges]], rank[edges]]
-            self.stats.lstm_steps += len(steppers)
+            h, c = self._step_level(
+                token[steppers], h_in, c_in, token[kids], kid_rows, rank, edge_scores, kids, max_batch_rows
+            )
+            if tails:
+                starts = kids[(below[kids] < 2) & (children_of[kids] > 0)]
+                for kid in starts:
+                    chain = [kid]
+                    while children_of[chain[-1]] > 0:
+                        chain.append(only_child[chain[-1]])
+                    pending.add(np.array(chain), h[:, row_of[parent[kid]]], c[:, row_of[parent[kid]]])
+                pending.flush_if_full()
+        pending.flush()
         return edge_scores
+
+    def _step_level(self, prev, h_in, c_in, kid_tokens, kid_rows, rank, edge_scores, kids, max_batch_rows):
+        """One ``step`` run per group of nodes with similar child counts; scores go to ``edge_scores[kids]``."""
+        children = np.bincount(kid_rows, minlength=len(prev))
+        group = np.ceil(np.log2(np.maximum(children, 1))).astype(np.int64)
+        h, c = np.empty_like(h_in), np.empty_like(c_in)
+        local = np.empty(len(prev), dtype=np.int64)  # a node's row within its group
+        for g in np.unique(group):
+            members = np.flatnonzero(group == g)
+            local[members] = np.arange(len(members))
+            edges = np.flatnonzero(group[kid_rows] == g)
+            candidates = np.zeros((len(members), max(1, children[members].max())), dtype=np.int64)
+            candidates[local[kid_rows[edges]], rank[edges]] = kid_tokens[edges]
+            scores = np.empty(candidates.shape, dtype=np.float32)
+            for start in range(0, len(members), max_batch_rows):
+                part = members[start : start + max_batch_rows]
+                scores[start : start + len(part)], h[:, part], c[:, part] = self.next_word_scores(
+                    prev[part], h_in[:, part], c_in[:, part], candidates[start : start + max_batch_rows]
+                )
+            edge_scores[kids[edges]] = scores[local[kid_rows[edges]], rank[edges]]
+        return h, c
+
+
+class _Tails:
+    """Hypothesis tails waiting for the ``sentences`` graph: node paths and the state each starts from, run in
+    length-sorted batches of at most the scorer's ``max_batch_tokens`` once enough have gathered."""
+
+    def __init__(self, scorer: Scorer, token: np.ndarray, edge_scores: np.ndarray):
+        self.scorer, self.token, self.edge_scores = scorer, token, edge_scores
+        self.chains: list[np.ndarray] = []
+        self.h: list[np.ndarray] = []
+        self.c: list[np.ndarray] = []
+        self.tokens = 0
+
+    def add(self, chain: np.ndarray, h: np.ndarray, c: np.ndarray) -> None:
+        """``chain``: the tail's nodes, its first already scored by the step that produced ``h``, ``c``."""
+        self.chains.append(chain)
+        self.h.append(h)
+        self.c.append(c)
+        self.tokens += len(chain) - 1
+
+    def flush_if_full(self) -> None:
+        if self.tokens >= 8 * self.scorer.max_batch_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.chains:
+            return
+        lengths = np.array([len(chain) - 1 for chain in self.chains])
+        order = np.argsort(lengths, kind="stable")
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and (end - start + 1) * lengths[order[end]] <= self.scorer.max_batch_tokens:
+                end += 1
+            self._run(order[start:end])
+            start = end
+        self.chains, self.h, self.c, self.tokens = [], [], [], 0
+
+    def _run(self, members: np.ndarray) -> None:
+        chains = [self.chains[i] for i in members]
+        steps = max(len(chain) for chain in chains) - 1
+        inputs = np.full((len(chains), steps), EOS, dtype=np.int64)
+        targets = np.full((len(chains), steps), EOS, dtype=np.int64)
+        for row, chain in enumerate(chains):
+            inputs[row, : len(chain) - 1] = self.token[chain[:-1]]
+            targets[row, : len(chain) - 1] = self.token[chain[1:]]
+        lengths = np.array([len(chain) - 1 for chain in chains], dtype=np.int64)
+        h0 = np.stack([self.h[i] for i in members], axis=1)
+        c0 = np.stack([self.c[i] for i in members], axis=1)
+        scores = self.scorer._run_sentences(inputs, targets, lengths, h0, c0)
+        for row, chain in enumerate(chains):
+            self.edge_scores[chain[1:]] = scores[row, : len(chain) - 1]
 
 
 class _PrefixForest:

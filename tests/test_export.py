@@ -46,13 +46,17 @@ def test_every_head_exports_and_matches_pytorch(bundles, head, alpha):
     _, _, model = load_model_for_eval(run)
     model.eval()
     inputs, targets, lengths = batch(SENTENCES)
-    got = session(bundle, "sentences").run(None, {"input_ids": inputs, "target_ids": targets, "lengths": lengths})[0]
-    with torch.no_grad():
-        want = SentencesGraph(model, alpha > 0)(*map(torch.from_numpy, (inputs, targets, lengths))).numpy()
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
-    assert np.all(got[2, 1:] == 0) and np.all(got[1, 2:] == 0)  # padding scores nothing
-
     layers, hidden = bundle.manifest["model"]["layers"], bundle.manifest["model"]["hidden_size"]
+    zeros = np.zeros((layers, len(lengths), hidden), dtype=np.float32)
+    state = np.random.default_rng(2).normal(size=(2, layers, len(lengths), hidden)).astype(np.float32)
+    for h0, c0 in ((zeros, zeros), state):  # whole sentences, and tails continuing from a given state
+        feed = {"input_ids": inputs, "target_ids": targets, "lengths": lengths, "h0": h0, "c0": c0}
+        got = session(bundle, "sentences").run(None, feed)[0]
+        with torch.no_grad():
+            want = SentencesGraph(model, alpha > 0)(*map(torch.from_numpy, feed.values())).numpy()
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+        assert np.all(got[2, 1:] == 0) and np.all(got[1, 2:] == 0)  # padding scores nothing
+
     h = np.random.default_rng(0).normal(size=(layers, 3, hidden)).astype(np.float32)
     c = np.random.default_rng(1).normal(size=(layers, 3, hidden)).astype(np.float32)
     prev = np.array([1, 5, 9], dtype=np.int64)
@@ -84,9 +88,8 @@ def test_step_scores_summed_word_by_word_equal_the_sentence_score(bundles, head,
         total += float(scores[0, 0])
         prev = word
     inputs, targets, lengths = batch([words])
-    sentence = session(bundle, "sentences").run(None, {"input_ids": inputs, "target_ids": targets, "lengths": lengths})[
-        0
-    ]
+    feed = {"input_ids": inputs, "target_ids": targets, "lengths": lengths, "h0": np.zeros(shape, np.float32)}
+    sentence = session(bundle, "sentences").run(None, {**feed, "c0": feed["h0"]})[0]
     assert total == pytest.approx(float(sentence.sum()), abs=1e-4)
 
 
@@ -124,7 +127,7 @@ def test_bundle_validation_names_what_is_wrong(bundles, tmp_path):
     assert "sha256 does not match" in damaged(
         lambda p: (p / "vocab.tsv").write_text((p / "vocab.tsv").read_text() + "extra\t1\n")
     )
-    assert "format_version 2 is not supported" in damaged(edit_manifest(format_version=2))
+    assert "format_version 3 is not supported" in damaged(edit_manifest(format_version=3))
     assert "'normalisation' is 'approximate'" in damaged(edit_manifest(normalisation="approximate"))
     assert "vocab.size says 99" in damaged(edit_manifest(vocab={**Bundle.load(good).manifest["vocab"], "size": 99}))
     assert "not valid JSON" in damaged(lambda p: (p / "manifest.json").write_text("{"))

@@ -11,12 +11,12 @@ import pytest
 import torch
 from conftest import BUNDLE_HEADS
 
-from rescoring.bundle import BundleError
+from rescoring.bundle import BundleError, sha256_file
 from rescoring.cli import main as rescore_main
 from rescoring.scorer import Scorer
 from rescoring.textnorm import TextNormalizer
 from training.checkpoint import load_model_for_eval
-from training.export import SentencesGraph
+from training.export import SentencesGraph, export_onnx
 
 SENTENCES = ["w1 w2 w3", "w5", "", "w0 w7 w7 w7 w2 w9 w11 w3 w1 w4 w4 w20", "w1 zzz w2 qqq", "w3 w2"]
 
@@ -157,3 +157,26 @@ def test_lm_rescore_score_cli(bundles, tmp_path, capsys, monkeypatch):
     assert "bad.txt:2: not valid UTF-8" in capsys.readouterr().err
     assert rescore_main(["score", "--lm", str(tmp_path), "--input", str(text)]) == 2
     assert "not a model bundle" in capsys.readouterr().err
+
+
+def test_format_1_bundles_still_score_and_share_prefixes(bundles, tmp_path):
+    """Version 1 sentences graphs have no h0/c0: the scorer steps through every prefix instead of running tails."""
+    run, bundle = bundles[("adaptive", 0.0)]
+    old = tmp_path / "v1"
+    shutil.copytree(bundle, old)
+    _, _, model = load_model_for_eval(run)
+    ids = torch.tensor([[1, 5, 6], [1, 7, 2]])
+    time_axes = {0: "batch", 1: "time"}
+    axes = {"input_ids": time_axes, "target_ids": time_axes, "lengths": {0: "batch"}, "logprobs": time_axes}
+    inputs = (ids, ids.roll(-1, 1), torch.tensor([3, 2]))
+    names = ["input_ids", "target_ids", "lengths"]
+    export_onnx(SentencesGraph(model.eval(), False), inputs, old / "sentences.onnx", names, ["logprobs"], axes)
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    manifest["files"]["sentences.onnx"] = sha256_file(old / "sentences.onnx")
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    v1, v2 = Scorer(old, threads=1), Scorer(bundle, threads=1)
+    assert not v1.continues_from_state and v2.continues_from_state
+    lists = [["w1 w2 w3 w4 w5 w6", "w1 w2 w9 w4 w5", "w1 w3", "w1 w2 w9 w4 w5"], ["w4 w4 w4 w4 w4 w4 w4"]]
+    for got, want in zip(sum(v1.score_nbest(lists), []), sum(v2.score_nbest(lists), []), strict=True):
+        np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, atol=1e-5)

@@ -29,7 +29,7 @@ from training.heads.base import per_candidate
 from training.model import LSTMLM
 from training.objectives import self_normalised
 
-FORMAT_VERSION = 1  # rescoring/bundle.py documents and reads this version
+FORMAT_VERSION = 2  # rescoring/bundle.py documents and reads this version
 OPSET = 17
 # Exact fp32 graphs must reproduce PyTorch to this per-token tolerance, or export fails.
 PARITY_TOLERANCE = 1e-4
@@ -41,15 +41,16 @@ def is_self_normalised(cfg) -> bool:
 
 
 class SentencesGraph(nn.Module):
-    """[B, T] inputs, targets and lengths -> per-token scores of the targets, 0 at padding."""
+    """[B, T] inputs, targets and lengths, and the LSTM state to start from -> per-token scores of the targets, 0 at
+    padding. Whole sentences start from zeros; the scorer continues hypothesis suffixes from their branch point."""
 
     def __init__(self, model: LSTMLM, self_normalised: bool):
         super().__init__()
         self.model = model
         self.score = model.head.target_score if self_normalised else model.head.target_logprob
 
-    def forward(self, input_ids, target_ids, lengths):
-        hidden, _ = self.model(input_ids.transpose(0, 1))
+    def forward(self, input_ids, target_ids, lengths, h0=None, c0=None):
+        hidden, _ = self.model(input_ids.transpose(0, 1), None if h0 is None else (h0, c0))
         hidden = hidden.transpose(0, 1)
         scores = self.score(hidden.reshape(-1, hidden.shape[-1]), target_ids.reshape(-1)).reshape(target_ids.shape)
         positions = torch.cumsum(torch.ones_like(target_ids), dim=1)  # 1..T, built from tensors to stay dynamic
@@ -97,20 +98,22 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
     batch = {0: "batch"}
     state = {1: "batch"}
     ids = torch.tensor([[1, 5, 6], [1, 7, 2]])
+    zeros = torch.zeros(lstm.num_layers, 2, lstm.hidden_size)
     export_onnx(
         SentencesGraph(model, self_normalised),
-        (ids, ids.roll(-1, 1), torch.tensor([3, 2])),
+        (ids, ids.roll(-1, 1), torch.tensor([3, 2]), zeros, zeros),
         out / "sentences.onnx",
-        ["input_ids", "target_ids", "lengths"],
+        ["input_ids", "target_ids", "lengths", "h0", "c0"],
         ["logprobs"],
         {
             "input_ids": {0: "batch", 1: "time"},
             "target_ids": {0: "batch", 1: "time"},
             "lengths": batch,
+            "h0": state,
+            "c0": state,
             "logprobs": {0: "batch", 1: "time"},
         },
     )
-    zeros = torch.zeros(lstm.num_layers, 2, lstm.hidden_size)
     prev = torch.tensor([1, 5])
     state_axes = {"h": state, "c": state, "h_out": state, "c_out": state, "prev_ids": batch}
     export_onnx(
@@ -155,9 +158,9 @@ def heldout_check(model: LSTMLM, self_normalised: bool, graph: Path, corpus, bat
         for batch in batches.batches():
             inputs, targets = batch.inputs.T.contiguous(), batch.targets.T.contiguous()
             lengths = batch.mask.sum(0)
-            got = session.run(
-                None, {"input_ids": inputs.numpy(), "target_ids": targets.numpy(), "lengths": lengths.numpy()}
-            )[0]
+            zeros = np.zeros((model.lstm.num_layers, len(lengths), model.lstm.hidden_size), dtype=np.float32)
+            feed = {"input_ids": inputs.numpy(), "target_ids": targets.numpy(), "lengths": lengths.numpy()}
+            got = session.run(None, {**feed, "h0": zeros, "c0": zeros})[0]
             want = reference(inputs, targets, lengths).numpy()
             max_diff = max(max_diff, float(np.abs(got - want).max()))
             total += float(got.sum(dtype=np.float64))
