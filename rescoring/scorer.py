@@ -225,8 +225,7 @@ class Scorer:
         encoded = [[self.encode(h) for h in hyps] for hyps in lists]
         paths = []
         for hyps in encoded:
-            root = forest.new_root()
-            paths.append([forest.add(root, [*ids, EOS]) for _, ids, _ in hyps])
+            paths.append(forest.add_list([[*ids, EOS] for _, ids, _ in hyps]))
         ends = np.array([path[-1] for hyp_paths in paths for path in hyp_paths], dtype=np.int64)
         edge_scores = self._run_forest(forest, ends, max_batch_rows)
         return [
@@ -261,8 +260,6 @@ class Scorer:
             level = by_depth[level_start[d] : level_start[d + 1]]
             np.add.at(below, parent[level], below[level])
         tails = self.continues_from_state
-        only_child = np.full(len(token), -1)
-        only_child[parent[parent >= 0]] = np.flatnonzero(parent >= 0)  # meaningful where children_of == 1
         edge_scores = np.zeros(len(token), dtype=np.float32)
         pending = _Tails(self, token, edge_scores)
         row_of = np.full(len(token), -1)  # a node's row in its depth's step outputs
@@ -292,11 +289,8 @@ class Scorer:
             )
             if tails:
                 starts = kids[(below[kids] < 2) & (children_of[kids] > 0)]
-                for kid in starts:
-                    chain = [kid]
-                    while children_of[chain[-1]] > 0:
-                        chain.append(only_child[chain[-1]])
-                    pending.add(np.array(chain), h[:, row_of[parent[kid]]], c[:, row_of[parent[kid]]])
+                rows = row_of[parent[starts]]
+                pending.add(starts, _tail_lengths(starts, ends, depth), h[:, rows], c[:, rows])
                 pending.flush_if_full()
         pending.flush()
         return edge_scores
@@ -323,69 +317,77 @@ class Scorer:
         return h, c
 
 
+def _tail_lengths(starts: np.ndarray, ends: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """Edges below each single-hypothesis node ``starts`` down to its hypothesis' </s> node. Such a tail is a run of
+    consecutive node ids (``_PrefixForest``), so its end is the first hypothesis end at or after the start."""
+    sorted_ends = np.sort(ends)
+    last = sorted_ends[np.searchsorted(sorted_ends, starts)]
+    return depth[last] - depth[starts]
+
+
 class _Tails:
-    """Hypothesis tails waiting for the ``sentences`` graph: node paths and the state each starts from, run in
-    length-sorted batches of at most the scorer's ``max_batch_tokens`` once enough have gathered."""
+    """Hypothesis tails waiting for the ``sentences`` graph: each a run of node ids (its first node already scored by
+    the step that produced its state) and the state it starts from; run in length-sorted batches of at most the
+    scorer's ``max_batch_tokens`` once enough have gathered."""
 
     def __init__(self, scorer: Scorer, token: np.ndarray, edge_scores: np.ndarray):
         self.scorer, self.token, self.edge_scores = scorer, token, edge_scores
-        self.chains: list[np.ndarray] = []
+        self.starts: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
         self.h: list[np.ndarray] = []
         self.c: list[np.ndarray] = []
         self.tokens = 0
 
-    def add(self, chain: np.ndarray, h: np.ndarray, c: np.ndarray) -> None:
-        """``chain``: the tail's nodes, its first already scored by the step that produced ``h``, ``c``."""
-        self.chains.append(chain)
+    def add(self, starts: np.ndarray, lengths: np.ndarray, h: np.ndarray, c: np.ndarray) -> None:
+        self.starts.append(starts)
+        self.lengths.append(lengths)
         self.h.append(h)
         self.c.append(c)
-        self.tokens += len(chain) - 1
+        self.tokens += int(lengths.sum())
 
     def flush_if_full(self) -> None:
         if self.tokens >= 8 * self.scorer.max_batch_tokens:
             self.flush()
 
     def flush(self) -> None:
-        if not self.chains:
+        if not self.starts:
             return
-        lengths = np.array([len(chain) - 1 for chain in self.chains])
+        starts, lengths = np.concatenate(self.starts), np.concatenate(self.lengths)
+        h, c = np.concatenate(self.h, axis=1), np.concatenate(self.c, axis=1)
         order = np.argsort(lengths, kind="stable")
-        start = 0
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and (end - start + 1) * lengths[order[end]] <= self.scorer.max_batch_tokens:
+        begin = 0
+        while begin < len(order):
+            end = begin + 1
+            while end < len(order) and (end - begin + 1) * lengths[order[end]] <= self.scorer.max_batch_tokens:
                 end += 1
-            self._run(order[start:end])
-            start = end
-        self.chains, self.h, self.c, self.tokens = [], [], [], 0
+            members = order[begin:end]
+            self._run(starts[members], lengths[members], h[:, members], c[:, members])
+            begin = end
+        self.starts, self.lengths, self.h, self.c, self.tokens = [], [], [], [], 0
 
-    def _run(self, members: np.ndarray) -> None:
-        chains = [self.chains[i] for i in members]
-        steps = max(len(chain) for chain in chains) - 1
-        inputs = np.full((len(chains), steps), EOS, dtype=np.int64)
-        targets = np.full((len(chains), steps), EOS, dtype=np.int64)
-        for row, chain in enumerate(chains):
-            inputs[row, : len(chain) - 1] = self.token[chain[:-1]]
-            targets[row, : len(chain) - 1] = self.token[chain[1:]]
-        lengths = np.array([len(chain) - 1 for chain in chains], dtype=np.int64)
-        h0 = np.stack([self.h[i] for i in members], axis=1)
-        c0 = np.stack([self.c[i] for i in members], axis=1)
-        scores = self.scorer._run_sentences(inputs, targets, lengths, h0, c0)
-        for row, chain in enumerate(chains):
-            self.edge_scores[chain[1:]] = scores[row, : len(chain) - 1]
+    def _run(self, starts: np.ndarray, lengths: np.ndarray, h0: np.ndarray, c0: np.ndarray) -> None:
+        steps = int(lengths.max())
+        offsets = np.arange(steps)
+        valid = offsets[None, :] < lengths[:, None]
+        nodes = np.where(valid, starts[:, None] + offsets[None, :], 0)  # the nodes read; their successors follow
+        inputs = np.where(valid, self.token[nodes], EOS)
+        targets = np.where(valid, self.token[nodes + valid], EOS)
+        scores = self.scorer._run_sentences(inputs, targets, lengths.astype(np.int64), h0, c0)
+        self.edge_scores[(nodes + 1)[valid]] = scores[valid]
 
 
 class _PrefixForest:
     """Prefix trees of token ids; node i stands for a prefix ending in ``token[i]`` (roots are ``<s>``).
 
     Edges are identified by their child node, so a hypothesis is the list of nodes on its path after the root.
+    Nodes are numbered in creation order, so a parent comes before its children, and the nodes a hypothesis does not
+    share with an earlier one are consecutive: a single-hypothesis tail is a range of node ids.
     """
 
     def __init__(self):
         self.token: list[int] = []
         self.parent: list[int] = []
         self.depth: list[int] = []
-        self._child_of: dict[tuple[int, int], int] = {}
 
     def _node(self, token: int, parent: int) -> int:
         self.token.append(token)
@@ -393,18 +395,25 @@ class _PrefixForest:
         self.depth.append(self.depth[parent] + 1 if parent >= 0 else 0)
         return len(self.token) - 1
 
-    def new_root(self) -> int:
-        """A new tree (one hypothesis list): its root is the <s> every hypothesis starts from."""
-        return self._node(BOS, -1)
+    def add_list(self, hypotheses: list[list[int]]) -> list[list[int]]:
+        """A new tree from one list's hypotheses (ids ending with </s>); each hypothesis' path after the root.
 
-    def add(self, root: int, ids: list[int]) -> list[int]:
-        """Add one hypothesis (ids ending with </s>) under ``root``; return the nodes of its path after the root."""
-        node, path = root, []
-        for token in ids:
-            key = (node, token)
-            child = self._child_of.get(key)
-            if child is None:
-                child = self._child_of[key] = self._node(token, node)
-            path.append(child)
-            node = child
-        return path
+        In sorted order a hypothesis shares with the whole tree exactly what it shares with the one before it."""
+        root = self._node(BOS, -1)
+        paths: list[list[int]] = [[] for _ in hypotheses]
+        previous: list[int] = []
+        previous_path: list[int] = []
+        for i in sorted(range(len(hypotheses)), key=hypotheses.__getitem__):
+            ids = hypotheses[i]
+            shared = 0
+            limit = min(len(ids), len(previous))
+            while shared < limit and ids[shared] == previous[shared]:
+                shared += 1
+            path = previous_path[:shared]
+            node = path[-1] if path else root
+            for token in ids[shared:]:
+                node = self._node(token, node)
+                path.append(node)
+            paths[i] = path
+            previous, previous_path = ids, path
+        return paths
