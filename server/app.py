@@ -107,8 +107,9 @@ class LMServer:
         themselves and would otherwise hold every shutdown for the whole grace period."""
         grace = self.config.server.grace_seconds
         await self.health.enter_graceful_shutdown()
+        refusing = asyncio.create_task(self.server.stop(grace))
+        await asyncio.sleep(0)  # its first step shuts the port: from the "stopping" line on, new calls are refused
         log.info("stopping", extra={"fields": {"grace_seconds": grace, "in_flight": self.servicer.active}})
-        refusing = asyncio.create_task(self.server.stop(grace))  # stops accepting at once
         try:
             await asyncio.wait_for(self.servicer.idle.wait(), grace)
         except TimeoutError:
@@ -160,7 +161,6 @@ async def serve(config: Config, host: str | None = None, port: int | None = None
     """Load the models, listen, serve until SIGTERM or SIGINT."""
     if metrics_port is not None:
         config.server.metrics_port = metrics_port
-    models = ModelSet.load(config)
-    server = LMServer(config, models)
+    server = LMServer(config, ModelSet.load(config))  # no other reference: a reload must be able to free them
     await server.start(host, port)
     await server.serve_until_signal()

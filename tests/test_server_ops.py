@@ -2,10 +2,12 @@
 SIGTERM, and TLS / mutual TLS with certificates made here by ``openssl``. Real servers in child processes on free
 loopback ports; waits are on the server's log records or on the calls themselves."""
 
+import asyncio
 import re
 import signal
 import subprocess
 import threading
+import weakref
 from pathlib import Path
 
 import grpc
@@ -16,10 +18,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rescoring.nbest import Hypothesis, NBestEntry
 from server import messages
-from server.app import server_credentials
+from server.app import LMServer, server_credentials
 from server.client import LMServeClient
 from server.config import ConfigError, load_config
 from server.lmserve_pb import lmserve_pb2 as pb
+from server.lmserve_pb.lmserve_pb2_grpc import LMServiceStub
+from server.models import ModelSet
 from server.process import ServerProcess
 
 SENTENCES = ["w1 w2 w3", "w4 w5", ""]
@@ -152,6 +156,27 @@ def test_reload_swaps_models_under_load_and_a_failed_one_keeps_them(bundles, tmp
     assert [h.features["neural"] for x in result.lists for h in x.hypotheses] == [
         h.features["neural"] for x in expected.lists for h in x.hypotheses
     ]
+
+
+def test_a_reload_frees_the_old_models(bundles, tmp_path):
+    """Once swapped out and past their last call, nothing holds the old models: each set is the size of its graphs
+    and n-gram, and a reload that kept them would grow the process by that much every time."""
+    config = load_config(write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1]))
+
+    async def scenario() -> bool:
+        server = LMServer(config, ModelSet.load(config))
+        port = await server.start(port=0)
+        old = weakref.ref(server.models.get("m"))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = LMServiceStub(channel)
+            await stub.ScoreSentences(pb.ScoreSentencesRequest(sentences=SENTENCES), timeout=30)
+            await server.reloader.reload()
+            await stub.ScoreSentences(pb.ScoreSentencesRequest(sentences=SENTENCES), timeout=30)
+        held = old() is not None
+        await server.stop()
+        return held
+
+    assert not asyncio.run(scenario())
 
 
 # -- graceful shutdown -----------------------------------------------------------------------------------------

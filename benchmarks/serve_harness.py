@@ -1,0 +1,196 @@
+"""What the lm-serve benchmarks share: the LibriSpeech rescoring server (a config, started as a child process), the
+requests they replay (LibriSpeech dev_other 30-best lists, PTB test sentences), and a closed-loop load generator.
+
+The load generator is our own asyncio client on one channel over loopback: ``concurrency`` callers, each sending its
+next request as soon as the last one is answered, until a request count or a time limit is reached. Requests are
+serialised once beforehand and responses are not parsed (the caller keeps the bytes), so that the load generator,
+which shares the machine's cores with the server, spends as little CPU as a client can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from benchmarks.common import RESULTS, ROOT, ptb_sentences
+from rescoring.nbest import NBestEntry, read_nbest
+from rescoring.tune import read_weights
+from server import messages
+from server.lmserve_pb import lmserve_pb2 as pb
+from server.process import ServerProcess
+from training.config import DEFAULT_DATA_DIR
+
+BUNDLE = ROOT / "var" / "bundles" / "gutenberg_rescore"
+NGRAM = ROOT / "var" / "ngrams" / "gutenberg_4gram.bin"
+WEIGHTS = RESULTS / "rescore_librispeech_first_pass_plus_ours.weights.json"
+PROFILE = "dev_clean"  # the weights file was tuned on dev_clean; the load replays dev_other
+# used when the weights file is missing: the shape of the tuned ones (first-pass score, our LMs, length, OOVs)
+INLINE_WEIGHTS = {"score": 1.0, "neural": 0.06, "ngram": 0.0, "length": -1.0, "oov": -5.7}
+LAMBDA = 0.4
+DEV_OTHER = DEFAULT_DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
+METHODS = {
+    pb.RescoreNBestRequest: "RescoreNBest",
+    pb.ScoreSentencesRequest: "ScoreSentences",
+    pb.ScoreNextWordsRequest: "ScoreNextWords",
+}
+
+
+@dataclass
+class ServerSettings:
+    """What the benchmarks vary or report: scoring threads, ONNX Runtime threads per scorer call, batching."""
+
+    workers: int = 2
+    scorer_threads: int = 1
+    batching: bool = True
+    max_batch_tokens: int = 16384
+    max_wait_ms: float = 2.0
+    grace_seconds: float = 30.0
+
+    def record(self) -> dict:
+        return dict(self.__dict__)
+
+
+def write_config(folder: Path, settings: ServerSettings, bundle: Path = BUNDLE) -> Path:
+    """The LibriSpeech rescoring model (bundle, 4-gram, ``librispeech`` text, λ and the tuned weights profile)."""
+    profile = f'[models.librispeech.profiles]\n{PROFILE} = "{WEIGHTS}"\n' if WEIGHTS.exists() else ""
+    path = folder / "serve.toml"
+    path.write_text(
+        f"[server]\nworkers = {settings.workers}\nscorer_threads = {settings.scorer_threads}\nmetrics_port = 0\n"
+        f"grace_seconds = {settings.grace_seconds}\nmax_concurrent_calls = 256\n"
+        f"[batching]\nenabled = {str(settings.batching).lower()}\nmax_batch_tokens = {settings.max_batch_tokens}\n"
+        f"max_wait_ms = {settings.max_wait_ms}\n"
+        f'[models.librispeech]\nbundle = "{bundle}"\nngram = "{NGRAM}"\nnormalize = "librispeech"\n'
+        f"lambda = {LAMBDA}\n{profile}"
+    )
+    return path
+
+
+def start_server(folder: Path, settings: ServerSettings, name: str = "server") -> ServerProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    config = write_config(folder, settings)
+    return ServerProcess(config, folder / f"{name}.log", start_timeout=300)
+
+
+def combination() -> dict:
+    """How the lists are combined: the tuned profile when its file is there, else inline weights."""
+    if WEIGHTS.exists():
+        return {"profile": PROFILE, "weights_file": str(WEIGHTS), "dev_metric": read_weights(WEIGHTS)["dev_metric"]}
+    return {"weights": INLINE_WEIGHTS, "interpolation_weight": LAMBDA}
+
+
+def nbest_requests(seed: int = 0) -> list[bytes]:
+    """Every dev_other 30-best list as one RescoreNBest call, in a fixed shuffled order (a time-limited run then sees
+    a fair sample of list lengths), without references: decoders have none."""
+    nbest = read_nbest(DEV_OTHER)
+    chosen = combination()
+    out = []
+    for i in np.random.default_rng(seed).permutation(len(nbest)):
+        entry = nbest.entries[i]
+        request = pb.RescoreNBestRequest(model="librispeech")
+        request.lists.append(messages.hypothesis_list(NBestEntry(entry.id, entry.hypotheses)))
+        if "profile" in chosen:
+            request.combination.profile = chosen["profile"]
+        else:
+            request.combination.weights.update(chosen["weights"])
+            request.combination.interpolation_weight = chosen["interpolation_weight"]
+        out.append(request.SerializeToString())
+    return out
+
+
+def sentence_requests(seed: int = 0) -> list[bytes]:
+    """Every PTB test sentence as one ScoreSentences call, shuffled."""
+    sentences = ptb_sentences("test")
+    order = np.random.default_rng(seed).permutation(len(sentences))
+    return [pb.ScoreSentencesRequest(model="librispeech", sentences=[sentences[i]]).SerializeToString() for i in order]
+
+
+@dataclass
+class Load:
+    """One closed-loop run: every call's latency and status code."""
+
+    concurrency: int
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)  # of the calls answered OK, seconds
+    codes: Counter = field(default_factory=Counter)
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies) / self.seconds if self.seconds else 0.0
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q) * 1000) if self.latencies else float("nan")
+
+    def summary(self) -> dict:
+        return {
+            "concurrency": self.concurrency,
+            "requests": sum(self.codes.values()),
+            "ok": self.codes["OK"],
+            "errors": sum(n for code, n in self.codes.items() if code != "OK"),
+            "seconds": round(self.seconds, 3),
+            "rps": self.rps,
+            "p50_ms": self.percentile_ms(50),
+            "p95_ms": self.percentile_ms(95),
+            "p99_ms": self.percentile_ms(99),
+            "mean_ms": float(np.mean(self.latencies) * 1000) if self.latencies else float("nan"),
+        }
+
+
+def raw_method(channel: grpc.aio.Channel, method: str):
+    """A call that sends bytes and returns bytes: no (de)serialisation in the load generator."""
+    return channel.unary_unary(f"/lmserve.v1.LMService/{method}")
+
+
+async def closed_loop(
+    address: str,
+    requests: list[bytes],
+    method: str,
+    concurrency: int,
+    max_requests: int,
+    max_seconds: float,
+    start_at: int = 0,
+    timeout: float = 60.0,
+) -> Load:
+    """``concurrency`` callers replaying ``requests`` (cycling from ``start_at``) until ``max_requests`` calls are
+    answered or ``max_seconds`` have passed; throughput counts the calls answered OK over the wall time."""
+    load = Load(concurrency)
+    async with grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
+        call = raw_method(channel, method)
+        issued = 0
+        start = time.perf_counter()
+        deadline = start + max_seconds
+
+        async def caller() -> None:
+            nonlocal issued
+            while issued < max_requests and time.perf_counter() < deadline:
+                request = requests[(start_at + issued) % len(requests)]
+                issued += 1
+                sent = time.perf_counter()
+                try:
+                    await call(request, timeout=timeout)
+                except grpc.aio.AioRpcError as e:
+                    load.codes[e.code().name] += 1
+                    continue
+                load.latencies.append(time.perf_counter() - sent)
+                load.codes["OK"] += 1
+
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        load.seconds = time.perf_counter() - start
+    return load
+
+
+def run_load(address: str, requests: list[bytes], method: str, concurrency: int, **limits) -> Load:
+    return asyncio.run(closed_loop(address, requests, method, concurrency, **limits))
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/{pid}/status has no VmRSS line")
