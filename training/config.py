@@ -89,7 +89,7 @@ class ObjectiveConfig:
     noise_uniform: float = 0.0  # Q mixed with the uniform distribution: (1 - noise_uniform) Q + noise_uniform / |V|
     beta: float = 1.0  # beta_nce: the power of the divergence (1 = NCE)
     # sampled objectives: the exact NLL behind the training perplexity is computed on every n-th position only
-    nll_stride: int = 16
+    nll_stride: int = 64
 
 
 @dataclass

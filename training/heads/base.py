@@ -125,10 +125,17 @@ class LinearHead(Head):
         vectors, bias = self.output_vectors(targets)
         return self._less_log_z(rowwise_dot(vectors, hidden) + bias)
 
-    def sample_scores(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Scores ``[N, S]`` of the same ``[S]`` words for every row: one ``[N, D] x [D, S]`` product."""
-        vectors, bias = self.output_vectors(ids)
-        return self._less_log_z(nn.functional.linear(hidden, vectors, bias))
+    def sampled_scores(
+        self, hidden: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The targets' scores ``[N]`` and those of the same ``[S]`` words for every row ``[N, S]`` (one
+        ``[N, D] x [D, S]`` product). One gather for both: its backward writes the ``[V, D]`` gradient once, and
+        at 200k words that dense gradient, not the product, is what a sampled step costs on a CPU."""
+        vectors, bias = self.output_vectors(torch.cat([targets, ids]))
+        n = len(targets)
+        target = rowwise_dot(vectors[:n], hidden) + bias[:n]
+        sampled = nn.functional.linear(hidden, vectors[n:], bias[n:])
+        return self._less_log_z(target), self._less_log_z(sampled)
 
     def target_terms(self, hidden, targets):
         scores = self.scores(hidden)

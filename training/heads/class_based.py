@@ -53,6 +53,8 @@ class ClassSoftmax(Head):
         bounds = self.bounds
         sizes = bounds[1:] - bounds[:-1]
         self.max_class_size = int(sizes.max())
+        self.bound_list = bounds.tolist()
+        self.class_sizes = sizes.tolist()
         slots = torch.arange(self.max_class_size, device=bounds.device)
         valid = slots[None, :] < sizes[:, None]
         word_class = torch.bucketize(torch.arange(self.vocab_size, device=bounds.device), bounds, right=True) - 1
@@ -87,10 +89,27 @@ class ClassSoftmax(Head):
         return cls, (targets - start).unsqueeze(1), logits
 
     def target_terms(self, hidden, targets):
-        cls, position, logits = self._in_class(hidden, targets)
+        """Rows grouped by class, one product per class present with that class's slice of the word matrix (a view:
+        classes are id ranges). A per-row gather of the class's vectors (``_in_class``, what the exported graphs do,
+        being branch-free) copies them once per row: over a 512-position PTB batch that is 20M floats, three times
+        slower than the full softmax's product; grouped, each class's vectors are read once."""
+        cls = self.word_class.index_select(0, targets)
+        order = torch.argsort(cls, stable=True)
+        present, counts = torch.unique_consecutive(cls.index_select(0, order), return_counts=True)
+        word_scores, in_norms = [], []
+        # split, not a slice per class: one backward node that assembles the weight gradient once
+        weights, biases = self.words.weight.split(self.class_sizes), self.words.bias.split(self.class_sizes)
+        for c, rows in zip(present.tolist(), order.split(counts.tolist()), strict=True):
+            logits = nn.functional.linear(hidden.index_select(0, rows), weights[c], biases[c])
+            position = targets.index_select(0, rows) - self.bound_list[c]
+            word_scores.append(logits.gather(1, position[:, None]).squeeze(1))
+            in_norms.append(logits.logsumexp(-1))
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order), device=order.device)
         class_logits = self.classes(hidden)
-        score = class_logits.gather(1, cls[:, None]).squeeze(1) + logits.gather(1, position).squeeze(1)
-        return score, torch.stack([class_logits.logsumexp(-1), logits.logsumexp(-1)], dim=-1)
+        score = class_logits.gather(1, cls[:, None]).squeeze(1) + torch.cat(word_scores).index_select(0, inverse)
+        in_norm = torch.cat(in_norms).index_select(0, inverse)
+        return score, torch.stack([class_logits.logsumexp(-1), in_norm], dim=-1)
 
     def target_logprob(self, hidden, targets):
         # through log_softmax (see LinearHead.target_logprob for why)

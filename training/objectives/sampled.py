@@ -66,7 +66,7 @@ class SampledObjective(abc.ABC):
         samples: int,
         noise_power: float = 1.0,
         noise_uniform: float = 0.0,
-        nll_stride: int = 16,
+        nll_stride: int = 64,
         selfnorm: SelfNormPenalty | None = None,
     ):
         if samples < 1:
@@ -118,8 +118,7 @@ class SampledObjective(abc.ABC):
         noise = self.noise(head)
         ids = noise.sample(self.samples)
         losses = self.position_losses(
-            head.target_score(hidden, targets),
-            head.sample_scores(hidden, ids),
+            *head.sampled_scores(hidden, targets, ids),
             noise.log_q.index_select(0, targets),
             noise.log_q.index_select(0, ids),
             ids.unsqueeze(0) == targets.unsqueeze(1),
