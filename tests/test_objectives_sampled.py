@@ -2,14 +2,24 @@
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 from training.cli import main
-from training.config import SAMPLED_OBJECTIVES, ConfigError, HeadConfig, ObjectiveConfig, config_from_dict
+from training.config import (
+    SAMPLED_OBJECTIVES,
+    ConfigError,
+    HeadConfig,
+    ObjectiveConfig,
+    config_from_dict,
+    load_config,
+)
 from training.heads import AdaptiveSoftmax, FullSoftmax, SlimSoftmax, build_head
+from training.model import LSTMLM
 from training.objectives import (
     NCE,
     SAMPLED_TYPES,
@@ -23,6 +33,7 @@ from training.objectives import (
 )
 
 V, D, N = 30, 8, 20
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def zipf_prior(vocab_size: int = V) -> torch.Tensor:
@@ -285,3 +296,26 @@ def test_sampled_objectives_train_through_the_loop(write_config, tmp_path, head,
     assert (
         math.isfinite(results["test"]["ppl"]) and results["test"]["ppl"] < 30
     )  # uniform over the ~43 words is 43; exact CE gets 21
+
+
+def ptb_rows() -> dict[str, list[str]]:
+    """The rows of configs/ptb_objectives.toml's comment table: name -> --set overrides."""
+    rows = {}
+    for line in (ROOT / "configs" / "ptb_objectives.toml").read_text().splitlines():
+        match = re.match(r"#   ([a-z][\w-]+)\s+(.*)", line)
+        if match and match.group(1) != "row":
+            settings = match.group(2).split("(")[0].split()
+            rows[match.group(1)] = [s for s in settings if "=" in s]
+    return rows
+
+
+def test_every_ptb_row_builds_its_head_and_objective():
+    rows = ptb_rows()
+    assert {"full-ce", "class-ce", "tree-ce", "slim-ce", "full-is", "full-nce", "full-blackout"} <= set(rows)
+    for name, overrides in rows.items():
+        cfg = load_config(ROOT / "configs" / "ptb_objectives.toml", overrides)
+        model = LSTMLM(10_001, cfg.model, cfg.head)
+        model.head.init_bias(zipf_prior(10_001))
+        objective = build_objective(cfg.objective)
+        hidden, targets = torch.randn(6, cfg.model.hidden_size), torch.randint(0, 10_001, (6,))
+        assert torch.isfinite(objective(model.head, hidden, targets).loss), name
