@@ -6,6 +6,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from training.config import HeadConfig
 from training.heads import ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax, build_head
@@ -187,3 +188,26 @@ def test_registry_builds_every_head_and_names_the_key():
         TreeSoftmax(D, V, "brown")
     with pytest.raises(ValueError, match="head.classes = 61"):
         ClassSoftmax(D, V, classes=61)
+
+
+def test_clustered_tree_keeps_similar_words_together(tmp_path):
+    """Two clusters of embeddings: the root separates them; frequencies still shorten frequent words' paths."""
+    rng = np.random.default_rng(0)
+    centres = np.where(np.arange(V)[:, None] % 2 == 0, 3.0, -3.0) * np.eye(1, D)  # even ids left, odd right
+    vectors = torch.tensor(centres + rng.normal(scale=0.1, size=(V, D)), dtype=torch.float32)
+    (tmp_path / "ckpt").mkdir()
+    save_file({"embedding.weight": vectors}, str(tmp_path / "ckpt" / "model.safetensors"))
+    head = build_head(HeadConfig(type="tree", tree="clustered", tree_embeddings=str(tmp_path / "ckpt")), D, V)
+    prior = zipf_prior(V)
+    head.init_bias(prior)
+    first_turn = head.path_signs[torch.arange(V), (head.path_signs != 0).sum(1) - 1]  # the root is last on a path
+    assert len(set(first_turn[0::2].tolist())) == 1 and len(set(first_turn[1::2].tolist())) == 1
+    assert first_turn[0] != first_turn[1]
+    depth = (head.path_signs != 0).sum(1).double()
+    entropy = -(prior.double().exp() * prior.double() / math.log(2)).sum().item()
+    assert (prior.double().exp() * depth).sum().item() < entropy + 2  # mass-halving splits: Shannon-Fano bound
+    torch.testing.assert_close(head.log_probs(torch.randn(3, D)).exp().sum(-1), torch.ones(3))
+    with pytest.raises(ValueError, match="head.tree_embeddings"):
+        TreeSoftmax(D, V, "clustered")
+    with pytest.raises(ValueError, match="covers? 60 words|cover 60 words"):
+        TreeSoftmax(D, V + 1, "clustered", str(tmp_path / "ckpt")).init_bias(zipf_prior(V + 1))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from torch.nn import functional as F
 
 from training.cli import main
@@ -227,7 +228,7 @@ def test_config_refuses_combinations_that_cannot_work():
         config_from_dict({"objective": {"type": "blackout"}})
     with pytest.raises(ConfigError, match="head.type = class bins words by frequency"):
         config_from_dict({"head": {"type": "class"}})
-    with pytest.raises(ConfigError, match="head.tree = huffman"):
+    with pytest.raises(ConfigError, match="head.tree = huffman is built from word frequencies"):
         config_from_dict({"head": {"type": "tree"}})
     config_from_dict({"head": {"type": "tree", "tree": "balanced"}})  # needs no frequencies
 
@@ -309,10 +310,16 @@ def ptb_rows() -> dict[str, list[str]]:
     return rows
 
 
-def test_every_ptb_row_builds_its_head_and_objective():
+def test_every_ptb_row_builds_its_head_and_objective(tmp_path):
     rows = ptb_rows()
-    assert {"full-ce", "class-ce", "tree-ce", "slim-ce", "full-is", "full-nce", "full-blackout"} <= set(rows)
-    for name, overrides in rows.items():
+    assert {"full-ce", "class-ce", "tree-ce", "tree-clustered", "slim-ce", "full-is", "full-nce"} <= set(rows)
+    (tmp_path / "ckpt").mkdir()  # stands for the full-ce run whose embeddings the clustered tree splits
+    save_file({"embedding.weight": torch.randn(10_001, 4)}, str(tmp_path / "ckpt" / "model.safetensors"))
+    for name, settings in rows.items():
+        overrides = [
+            f"head.tree_embeddings={tmp_path / 'ckpt'}" if s.startswith("head.tree_embeddings=") else s
+            for s in settings
+        ]
         cfg = load_config(ROOT / "configs" / "ptb_objectives.toml", overrides)
         model = LSTMLM(10_001, cfg.model, cfg.head)
         model.head.init_bias(zipf_prior(10_001))

@@ -68,7 +68,9 @@ class HeadConfig:
     # tree structure and sampled noise; NCE without the bias-at-log-P_noise fix)
     unigram_bias: bool = True
     classes: int = 0  # class: number of frequency bins (0 = round(sqrt(|V|)))
-    tree: str = "huffman"  # tree: huffman (codes of the training unigram) | balanced
+    # tree: huffman (codes of the training unigram) | clustered (top-down splits of tree_embeddings) | balanced
+    tree: str = "huffman"
+    tree_embeddings: str = ""  # tree = clustered: a trained run (or checkpoint) over the same vocabulary
     slim_subvectors: int = 4  # slim: K sub-vectors per output vector (divides the head's input size)
     slim_pool: int = 0  # slim: M shared sub-vectors in all, M/K per position (a multiple of K; required)
     # full and slim: scores are W h + b - log_z, NCE's normalising constant Z_c (Zoph et al. 2016 fix it to 9);
@@ -150,7 +152,7 @@ _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),
     ("head", "type"): ("full", "adaptive", "class", "tree", "slim"),
     ("head", "bias_init"): ("uniform", "unigram"),
-    ("head", "tree"): ("huffman", "balanced"),
+    ("head", "tree"): ("huffman", "clustered", "balanced"),
     ("objective", "type"): ("cross_entropy", *SAMPLED_OBJECTIVES),
     ("optimizer", "name"): ("sgd", "adagrad", "adam"),
     ("schedule", "type"): ("fixed", "plateau"),
@@ -228,8 +230,8 @@ def _check_head_and_objective(config: Config, source: str) -> None:
     needs_unigram = []
     if head.type == "class":
         needs_unigram.append("head.type = class bins words by frequency")
-    if head.type == "tree" and head.tree == "huffman":
-        needs_unigram.append("head.tree = huffman codes word frequencies")
+    if head.type == "tree" and head.tree != "balanced":
+        needs_unigram.append(f"head.tree = {head.tree} is built from word frequencies")
     if objective.type in SAMPLED_OBJECTIVES:
         if head.type not in ("full", "slim"):
             raise ConfigError(

@@ -21,7 +21,7 @@ def build_head(cfg: HeadConfig, in_dim: int, vocab_size: int) -> Head:
     elif cfg.type == "class":
         head = ClassSoftmax(in_dim, vocab_size, cfg.classes)
     elif cfg.type == "tree":
-        head = TreeSoftmax(in_dim, vocab_size, cfg.tree)
+        head = TreeSoftmax(in_dim, vocab_size, cfg.tree, cfg.tree_embeddings)
     elif cfg.type == "slim":
         head = SlimSoftmax(in_dim, vocab_size, cfg.slim_subvectors, cfg.slim_pool, cfg.log_z, cfg.learn_log_z)
     else:

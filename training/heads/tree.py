@@ -10,8 +10,9 @@ one batched product with the hidden states.
 The tree is a buffer saved with the model, ``branches [V-1, 2]``: internal node i (id V + i) has the two children
 ``branches[i]`` (ids below V are words; a parent comes after its children, so the root is the last). ``huffman``
 trees are Huffman codes of the training unigram (Mikolov et al. 2013), built when ``init_bias`` hands it over;
-``balanced`` trees (and every tree before then) are Huffman codes of equal weights. Paths are derived again after a
-checkpoint is loaded.
+``clustered`` trees split the words of a trained model's embeddings top-down (Mnih & Hinton 2009), so that similar
+words share paths; ``balanced`` trees (and every tree before then) are Huffman codes of equal weights. Paths are
+derived again after a checkpoint is loaded.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 
 from training.heads.base import Head, per_candidate
 
-TREE_TYPES = ("huffman", "balanced")
+TREE_TYPES = ("huffman", "clustered", "balanced")
 
 
 def huffman_branches(weights: np.ndarray) -> torch.Tensor:
@@ -41,15 +42,70 @@ def huffman_branches(weights: np.ndarray) -> torch.Tensor:
     return torch.tensor(branches, dtype=torch.long).reshape(-1, 2)
 
 
+def clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torch.Tensor:
+    """Top-down: each node orders its words along their principal direction (a few power iterations) and cuts that
+    line where two 1-D clusters are tightest, among the cuts that leave each side between a quarter and three
+    quarters of the node's unigram mass (at the half when a single word outweighs that): similar words share a
+    path, and frequent words stay near the root, every level taking at least a quarter of the mass off."""
+    vocab_size = len(weights)
+    start = np.random.default_rng(0).standard_normal(vectors.shape[1])
+    branches: list[tuple[int, int]] = []
+
+    def split(ids: np.ndarray) -> int:
+        if len(ids) == 1:
+            return int(ids[0])
+        centred = vectors[ids] - vectors[ids].mean(0)
+        direction = start
+        for _ in range(8):
+            direction = centred.T @ (centred @ direction)
+            direction = direction / (np.linalg.norm(direction) + 1e-12)
+        projection = centred @ direction
+        sort = np.argsort(projection, kind="stable")
+        order, line = ids[sort], projection[sort]
+        mass = np.cumsum(weights[order])[:-1] / weights[order].sum()  # left side's share for cut = 1 .. n-1
+        sizes = np.arange(1, len(ids))
+        sums = np.cumsum(line)[:-1]
+        spread = -(sums**2 / sizes + (line.sum() - sums) ** 2 / (len(ids) - sizes))  # within-sides sum of squares
+        allowed = (mass >= 0.25) & (mass <= 0.75)
+        if allowed.any():
+            cut = int(sizes[allowed][np.argmin(spread[allowed])])
+        else:
+            cut = int(sizes[np.argmin(np.abs(mass - 0.5))])
+        left, right = split(order[:cut]), split(order[cut:])
+        branches.append((left, right))  # after its children: ids stay children-before-parents
+        return vocab_size + len(branches) - 1
+
+    split(np.arange(vocab_size))
+    return torch.tensor(branches, dtype=torch.long).reshape(-1, 2)
+
+
+def load_embeddings(path: str, vocab_size: int) -> np.ndarray:
+    """The input embeddings ``[V, E]`` of a trained run or checkpoint over the same vocabulary."""
+    from safetensors.torch import load_file
+
+    from training.checkpoint import resolve_checkpoint  # (imports the model, which imports the heads)
+
+    weights = load_file(str(resolve_checkpoint(path) / "model.safetensors"))["embedding.weight"]
+    if weights.shape[0] != vocab_size:
+        raise ValueError(
+            f"head.tree_embeddings = {path!r}: its embeddings cover {weights.shape[0]} words, the vocabulary has "
+            f"{vocab_size} (train it on the same vocabulary, e.g. with vocab.file)"
+        )
+    return weights.double().numpy()
+
+
 class TreeSoftmax(Head):
-    def __init__(self, in_dim: int, vocab_size: int, tree: str = "huffman"):
+    def __init__(self, in_dim: int, vocab_size: int, tree: str = "huffman", embeddings: str = ""):
         super().__init__()
         if tree not in TREE_TYPES:
             raise ValueError(f"head.tree = {tree!r}, expected one of {', '.join(TREE_TYPES)}")
+        if tree == "clustered" and not embeddings:
+            raise ValueError("head.tree = clustered needs head.tree_embeddings: a trained run over the same vocabulary")
         if vocab_size < 2:
             raise ValueError(f"a tree softmax needs at least 2 words, the vocabulary has {vocab_size}")
         self.vocab_size = vocab_size
         self.tree = tree
+        self.embeddings = embeddings
         self.nodes = nn.Linear(in_dim, vocab_size - 1)
         self.register_buffer("branches", huffman_branches(np.ones(vocab_size)))
         self._derive_paths()
@@ -78,9 +134,12 @@ class TreeSoftmax(Head):
 
     @torch.no_grad()
     def fit_prior(self, log_prior):
+        weights = log_prior.double().exp().cpu().numpy()
         if self.tree == "huffman":
-            self.branches.copy_(huffman_branches(log_prior.double().exp().cpu().numpy()))
-            self._derive_paths()
+            self.branches.copy_(huffman_branches(weights))
+        elif self.tree == "clustered":
+            self.branches.copy_(clustered_branches(load_embeddings(self.embeddings, self.vocab_size), weights))
+        self._derive_paths()
 
     @torch.no_grad()
     def set_prior_bias(self, log_prior):
