@@ -148,18 +148,19 @@ def test_log_z_shifts_scores_not_probabilities():
     torch.manual_seed(0)
     plain = FullSoftmax(D, V)
     shifted = FullSoftmax(D, V, log_z=9.0)
-    shifted.load_state_dict({**plain.state_dict(), "log_z": torch.tensor(9.0)})
+    shifted.load_state_dict(plain.state_dict())
     hidden, targets = torch.randn(N, D), torch.randint(0, V, (N,))
     torch.testing.assert_close(shifted.log_probs(hidden), plain.log_probs(hidden))
     torch.testing.assert_close(shifted.target_score(hidden, targets), plain.target_score(hidden, targets) - 9.0)
     learned = FullSoftmax(D, V, log_z=2.0, learn_log_z=True)
-    assert any(p is learned.log_z for p in learned.parameters())
+    assert [name for name, _ in learned.named_parameters()] == ["log_z_offset", "linear.weight", "linear.bias"]
     with torch.no_grad():
-        learned.log_z.fill_(0.05)  # as the model's uniform init leaves it
+        learned.log_z_offset.uniform_(-0.1, 0.1)  # as the model's initialisation does to every parameter
+    assert abs(learned.log_z.item() - 2.0) <= 0.1  # the start survives it
     learned.init_bias(zipf_prior(V))
-    assert learned.log_z.item() == 2.0  # restarted at head.log_z
+    assert learned.log_z.item() == 2.0
     torch.testing.assert_close(learned.scores(torch.zeros(1, D))[0], zipf_prior(V))
-    assert "log_z" not in FullSoftmax(D, V).state_dict()  # checkpoints of plain heads are unchanged
+    assert set(FullSoftmax(D, V, log_z=9.0).state_dict()) == {"linear.weight", "linear.bias"}  # as before
 
 
 def test_unigram_bias_false_keeps_biases_but_hands_over_the_prior():

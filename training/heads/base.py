@@ -96,12 +96,14 @@ class LinearHead(Head):
     def __init__(self, log_z: float = 0.0, learn_log_z: bool = False):
         super().__init__()
         self.log_z_start = float(log_z)
-        if learn_log_z:
-            self.log_z = nn.Parameter(torch.tensor(self.log_z_start))
-        elif log_z:
-            self.register_buffer("log_z", torch.tensor(self.log_z_start))
-        else:
-            self.log_z = None
+        # learned as an offset from head.log_z: the model's uniform initialisation of every parameter then leaves
+        # the start where the config put it
+        self.log_z_offset = nn.Parameter(torch.zeros(())) if learn_log_z else None
+
+    @property
+    def log_z(self) -> torch.Tensor | float:
+        """log Z_c: ``head.log_z``, plus the learned offset with ``head.learn_log_z``."""
+        return self.log_z_start if self.log_z_offset is None else self.log_z_start + self.log_z_offset
 
     @abc.abstractmethod
     def output_vectors(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +118,7 @@ class LinearHead(Head):
         """``hidden · vectorsᵀ + bias`` for the whole vocabulary, ``[N, V]``."""
 
     def _less_log_z(self, scores: torch.Tensor) -> torch.Tensor:
-        return scores if self.log_z is None else scores - self.log_z
+        return scores if self.log_z_offset is None and not self.log_z_start else scores - self.log_z
 
     def scores(self, hidden):
         return self._less_log_z(self.logits(hidden))
@@ -151,11 +153,10 @@ class LinearHead(Head):
 
     @torch.no_grad()
     def set_prior_bias(self, log_prior):
-        """Biases at ``log_prior + log_z``, so that the scores of a zero state are the prior itself (log Z = 0) and
-        a learned ``log_z`` restarts from its configured value (the model's uniform init moved it)."""
+        """Biases at ``log_prior + log_z``, so that the scores of a zero state are the prior itself (log Z = 0)."""
         self.output_bias().copy_(log_prior + self.log_z_start)
-        if self.log_z is not None:
-            self.log_z.fill_(self.log_z_start)
+        if self.log_z_offset is not None:
+            self.log_z_offset.zero_()
 
 
 def per_candidate(score_fn, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
