@@ -3,8 +3,11 @@
 Classes are frequency bins: ids are sorted by descending frequency (the vocabulary guarantees it, specials aside), so
 each class is a contiguous id range, cut where the running sum of sqrt(frequency) crosses a multiple of 1/C — the
 binning of Mikolov's rnnlm toolkit. Binning sqrt-frequencies rather than frequencies keeps the rare-word classes
-small (PTB, 100 classes: at most 293 words instead of 1633), and the cost of a target is its class's size padded to
-the largest class, so that every target of a batch goes through one gather and one batched product.
+small (PTB, 100 classes: at most 293 words instead of 1633).
+
+A target costs the class softmax and its own class. Training groups a batch's targets by class (``target_terms``);
+the exported graphs, which must be branch-free, gather each target's class padded to the largest class instead
+(``_in_class``), and score the whole vocabulary through the same padded ``[C, S]`` table (``log_probs``).
 
 Until ``init_bias`` hands over the training unigram, the classes are equal-sized id ranges; the bounds are a buffer
 saved with the model, and everything else is derived from them.
@@ -58,7 +61,6 @@ class ClassSoftmax(Head):
         slots = torch.arange(self.max_class_size, device=bounds.device)
         valid = slots[None, :] < sizes[:, None]
         word_class = torch.bucketize(torch.arange(self.vocab_size, device=bounds.device), bounds, right=True) - 1
-        self.register_buffer("offsets", slots, persistent=False)
         self.register_buffer("table_valid", valid, persistent=False)
         self.register_buffer("table_ids", torch.where(valid, bounds[:-1, None] + slots, bounds[:-1, None]), False)
         self.register_buffer("word_class", word_class, persistent=False)
