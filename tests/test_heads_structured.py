@@ -163,10 +163,10 @@ def test_log_z_shifts_scores_not_probabilities():
     assert set(FullSoftmax(D, V, log_z=9.0).state_dict()) == {"linear.weight", "linear.bias"}  # as before
 
 
-def test_unigram_bias_false_keeps_biases_but_hands_over_the_prior():
-    head = build_head(HeadConfig(type="full", unigram_bias=False), D, V)
+def test_uniform_bias_init_keeps_biases_but_hands_over_the_prior():
+    head = build_head(HeadConfig(type="full"), D, V)
     before = head.linear.bias.clone()
-    head.init_bias(zipf_prior(V))
+    head.init_bias(zipf_prior(V), set_bias=False)
     assert torch.equal(head.linear.bias, before)
     torch.testing.assert_close(head.log_prior, zipf_prior(V))
 

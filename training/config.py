@@ -60,13 +60,11 @@ class HeadConfig:
     type: str = "full"  # full | adaptive | class | tree | slim
     cutoffs: list[int] = field(default_factory=list)  # adaptive: ids < cutoffs[0] are the shortlist
     div_value: float = 4.0  # adaptive: cluster i projects to size // div_value ** (i + 1)
-    # uniform: like every other parameter (model.init_range); unigram: the head is handed the log unigram
-    # distribution of the training text: output biases start at it, so the untrained model predicts word frequencies
-    # and log Z starts near 0; class and Huffman-tree heads are built from it; sampled objectives draw noise from it
+    # uniform: like every other parameter (model.init_range); unigram: output biases start at the log unigram
+    # distribution of the training text, so the untrained model predicts word frequencies and log Z starts near 0
+    # (the bias-at-log-P_noise fix of NCE). The head gets the distribution either way: class and Huffman-tree heads
+    # are built from it, sampled objectives draw noise from it.
     bias_init: str = "uniform"
-    # with bias_init = unigram: false leaves the biases uniform, the head only takes the distribution (for class or
-    # tree structure and sampled noise; NCE without the bias-at-log-P_noise fix)
-    unigram_bias: bool = True
     classes: int = 0  # class: number of frequency bins (0 = round(sqrt(|V|)))
     # tree: huffman (codes of the training unigram) | clustered (top-down splits of tree_embeddings) | balanced
     tree: str = "huffman"
@@ -224,25 +222,12 @@ def config_from_dict(raw: dict, source: str = "<config>") -> Config:
 
 
 def _check_head_and_objective(config: Config, source: str) -> None:
-    """Combinations that cannot work, caught before a run starts. Word frequencies reach the head only through
-    ``head.bias_init = "unigram"`` (the trainer's one hand-over), so whatever is built from them needs it."""
+    """Combinations that cannot work, caught before a run starts."""
     head, objective = config.head, config.objective
-    needs_unigram = []
-    if head.type == "class":
-        needs_unigram.append("head.type = class bins words by frequency")
-    if head.type == "tree" and head.tree != "balanced":
-        needs_unigram.append(f"head.tree = {head.tree} is built from word frequencies")
-    if objective.type in SAMPLED_OBJECTIVES:
-        if head.type not in ("full", "slim"):
-            raise ConfigError(
-                f"{source}: objective.type = {objective.type} scores a sample of words by dot products: it needs "
-                f"head.type = full or slim, got {head.type}"
-            )
-        needs_unigram.append(f"objective.type = {objective.type} draws noise from the training unigram")
-    if needs_unigram and head.bias_init != "unigram":
+    if objective.type in SAMPLED_OBJECTIVES and head.type not in ("full", "slim"):
         raise ConfigError(
-            f'{source}: {"; ".join(needs_unigram)}: set head.bias_init = "unigram" '
-            "(with head.unigram_bias = false to keep uniform output biases)"
+            f"{source}: objective.type = {objective.type} scores a sample of words by dot products: it needs "
+            f"head.type = full or slim, got {head.type}"
         )
 
 

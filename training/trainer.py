@@ -160,8 +160,7 @@ class Trainer:
             )
         torch.manual_seed(cfg.train.seed)
         self.model = LSTMLM(len(vocab), cfg.model, cfg.head)
-        if cfg.head.bias_init == "unigram":
-            self.model.head.init_bias(torch.tensor(vocab.target_log_prior()))
+        self.model.head.init_bias(torch.tensor(vocab.target_log_prior()), set_bias=cfg.head.bias_init == "unigram")
         self.objective = build_objective(cfg.objective)
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)

@@ -26,7 +26,6 @@ def build_head(cfg: HeadConfig, in_dim: int, vocab_size: int) -> Head:
         head = SlimSoftmax(in_dim, vocab_size, cfg.slim_subvectors, cfg.slim_pool, cfg.log_z, cfg.learn_log_z)
     else:
         raise ValueError(f"head.type = {cfg.type!r}, expected one of {', '.join(HEAD_TYPES)}")
-    head.unigram_bias = cfg.unigram_bias
     return head
 
 

@@ -27,8 +27,6 @@ class Head(nn.Module, abc.ABC):
     """
 
     vocab_size: int
-    # head.unigram_bias: whether init_bias also moves the biases (build_head sets it from the config)
-    unigram_bias: bool = True
 
     def __init__(self):
         super().__init__()
@@ -59,17 +57,17 @@ class Head(nn.Module, abc.ABC):
     def fit_prior(self, log_prior: torch.Tensor) -> None:
         """Heads whose structure comes from word frequencies (class bins, Huffman tree) build it here."""
 
-    def init_bias(self, log_prior: torch.Tensor) -> None:
-        """The trainer hands over the log unigram distribution of the training text (``head.bias_init = "unigram"``).
+    def init_bias(self, log_prior: torch.Tensor, set_bias: bool = True) -> None:
+        """The trainer hands over the log unigram distribution of the training text, always.
 
         It is the only way word frequencies reach the output layer, so one call does all that needs them: the head
         keeps the distribution (the noise of sampled objectives), builds its structure from it (``fit_prior``) and,
-        unless ``head.unigram_bias = false``, starts its biases at it so that the untrained model predicts word
-        frequencies and log Z starts at 0.
+        with ``set_bias`` (``head.bias_init = "unigram"``), starts its biases at it so that the untrained model
+        predicts word frequencies and log Z starts at 0.
         """
         self.log_prior = log_prior.detach().to(torch.float32).clone()
         self.fit_prior(self.log_prior)
-        if self.unigram_bias:
+        if set_bias:
             self.set_prior_bias(self.log_prior)
 
     def candidate_logprobs(self, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
