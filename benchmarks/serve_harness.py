@@ -84,16 +84,21 @@ def combination() -> dict:
     return {"weights": INLINE_WEIGHTS, "interpolation_weight": LAMBDA}
 
 
-def nbest_requests(seed: int = 0) -> list[bytes]:
-    """Every dev_other 30-best list as one RescoreNBest call, in a fixed shuffled order (a time-limited run then sees
-    a fair sample of list lengths), without references: decoders have none."""
+def dev_other_lists(seed: int = 0) -> list[NBestEntry]:
+    """Every dev_other 30-best list in a fixed shuffled order (a time-limited run then sees a fair sample of list
+    lengths), without references: decoders have none."""
     nbest = read_nbest(DEV_OTHER)
+    order = np.random.default_rng(seed).permutation(len(nbest))
+    return [NBestEntry(nbest.entries[i].id, nbest.entries[i].hypotheses) for i in order]
+
+
+def nbest_requests(lists: list[NBestEntry]) -> list[bytes]:
+    """Each list as one RescoreNBest call, combined as :func:`combination` says."""
     chosen = combination()
     out = []
-    for i in np.random.default_rng(seed).permutation(len(nbest)):
-        entry = nbest.entries[i]
+    for entry in lists:
         request = pb.RescoreNBestRequest(model="librispeech")
-        request.lists.append(messages.hypothesis_list(NBestEntry(entry.id, entry.hypotheses)))
+        request.lists.append(messages.hypothesis_list(entry))
         if "profile" in chosen:
             request.combination.profile = chosen["profile"]
         else:

@@ -1,25 +1,28 @@
 """lm-serve under load, against the offline scorer and with micro-batching off -> serve_load.json
 
-    python -m benchmarks.serve_load [--quick]
+    python -m benchmarks.serve_load [--quick] [--rounds 3]
 
 The LibriSpeech rescoring model (Gutenberg 2x256 adaptive bundle, 4-gram, the weights tuned on dev_clean) served by
 ``lm-serve`` in a child process with 2 scoring threads of 1 ONNX Runtime thread each, on loopback; the load generator
 (``benchmarks.serve_harness``) replays dev_other 30-best lists as RescoreNBest calls (one list a call) and PTB test
 sentences as ScoreSentences calls (one sentence a call), closed-loop at concurrency 1, 8 and 32.
 
-- ``offline_rps``: the same lists through the same work without gRPC (``rescoring.lmscores.compute`` and the
-  weights' choice) in this process, on as many threads as the server scores with (2, of 1 intra-op thread), 64
-  lists per compute call (its default).
-- batching on vs off: two servers, identical but for ``[batching] enabled``, loaded at concurrency 32 in turns
-  (on, off, on, off, ...); the speedup is the ratio of their median throughputs, fair under changing machine load.
+Concurrency 32 runs in rounds that take turns, so that the ratios stay fair when other work on the machine comes and
+goes: per round, the same slice of lists goes (a) through the offline scorer, (b) to the server with batching on,
+(c) to an identical server with batching off. The offline scorer is the same work without gRPC
+(``rescoring.lmscores.compute`` and the weights' choice) in this process, on as many threads as the server scores with
+(2, of 1 intra-op thread each), 64 lists per compute call (its default). Figures at 32 are medians over the rounds
+(latency percentiles over all their calls); ``c32_vs_offline`` and ``batching_speedup_c32`` are ratios of medians.
 
 The load generator shares the machine's cores with the server (2 on the reference machine), as a co-located decoder
-would; it pre-serialises requests and does not parse responses to take as little of them as it can.
+would; it pre-serialises requests and does not parse responses to take as little of them as it can. The machine's
+load average before and after is recorded: other people's jobs make every figure here smaller.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -27,49 +30,54 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks.common import write_result
 from benchmarks.serve_harness import (
     BUNDLE,
-    DEV_OTHER,
     INLINE_WEIGHTS,
     LAMBDA,
     NGRAM,
     WEIGHTS,
+    Load,
     ServerSettings,
     combination,
+    dev_other_lists,
     nbest_requests,
     run_load,
     sentence_requests,
     start_server,
 )
 from rescoring.lmscores import compute
-from rescoring.nbest import NBestList, read_nbest
+from rescoring.nbest import NBestEntry, NBestList
 from rescoring.rescore import LanguageModels, Setup, setup_from_record
 from rescoring.tune import read_weights
 
-LEVELS = (1, 8, 32)
 
+class Offline:
+    """The server's work on lists without the server: ``threads`` threads sharing one scorer of 1 intra-op thread."""
 
-def offline_rps(threads: int, lists_per_call: int = 64, limit: int | None = None) -> dict:
-    """Lists per second of compute + choice over dev_other, ``threads`` threads sharing one scorer (as the server)."""
-    models = LanguageModels.load(BUNDLE, NGRAM, "librispeech", threads=1)
-    if WEIGHTS.exists():
-        setup = setup_from_record(read_weights(WEIGHTS))
-    else:
-        setup = Setup(list(INLINE_WEIGHTS), {}, LAMBDA, dict(INLINE_WEIGHTS))
-    entries = read_nbest(DEV_OTHER).entries[:limit]
-    chunks = [entries[i : i + lists_per_call] for i in range(0, len(entries), lists_per_call)]
+    def __init__(self, threads: int, lists_per_call: int = 64):
+        self.threads = threads
+        self.lists_per_call = lists_per_call
+        self.models = LanguageModels.load(BUNDLE, NGRAM, "librispeech", threads=1)
+        if WEIGHTS.exists():
+            self.setup = setup_from_record(read_weights(WEIGHTS))
+        else:
+            self.setup = Setup(list(INLINE_WEIGHTS), {}, LAMBDA, dict(INLINE_WEIGHTS))
 
-    def work(chunk) -> None:
+    def work(self, chunk: list[NBestEntry]) -> None:
         lists = NBestList(chunk)
-        setup.choose(lists, compute(lists, models.scorer, models.ngram, models.normalizer))
+        models = self.models
+        self.setup.choose(lists, compute(lists, models.scorer, models.ngram, models.normalizer))
 
-    work(chunks[0][:4])  # warm-up: first runs of the graphs
-    start = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(work, chunks))
-    seconds = time.perf_counter() - start
-    return {"rps": len(entries) / seconds, "lists": len(entries), "seconds": seconds, "threads": threads}
+    def rps(self, entries: list[NBestEntry]) -> float:
+        """Lists per second over ``entries``."""
+        chunks = [entries[i : i + self.lists_per_call] for i in range(0, len(entries), self.lists_per_call)]
+        start = time.perf_counter()
+        with ThreadPoolExecutor(self.threads) as pool:
+            list(pool.map(self.work, chunks))
+        return len(entries) / (time.perf_counter() - start)
 
 
 def levels(address: str, requests: list[bytes], method: str, budget: dict[int, tuple[int, float]]) -> dict:
@@ -83,22 +91,16 @@ def levels(address: str, requests: list[bytes], method: str, budget: dict[int, t
     return out
 
 
-def on_vs_off(on: str, off: str, requests: list[bytes], method: str, rounds: int, count: int, seconds: float) -> dict:
-    """Concurrency 32 against both servers in turns; the median throughput and p99 of each, and their ratio."""
-    runs = {"on": [], "off": []}
-    for _ in range(rounds):
-        for name, address in (("on", on), ("off", off)):
-            load = run_load(address, requests, method, 32, max_requests=count, max_seconds=seconds)
-            runs[name].append(load.summary())
-            print(method, name, runs[name][-1], flush=True)
-    median = {name: statistics.median(r["rps"] for r in results) for name, results in runs.items()}
+def pooled(loads: list[Load]) -> dict:
+    """Median throughput of the rounds and latency percentiles over all their calls."""
+    latencies = np.concatenate([load.latencies for load in loads]) * 1000
     return {
-        "on_rps": median["on"],
-        "off_rps": median["off"],
-        "speedup": median["on"] / median["off"],
-        "on_p99_ms": statistics.median(r["p99_ms"] for r in runs["on"]),
-        "off_p99_ms": statistics.median(r["p99_ms"] for r in runs["off"]),
-        "runs": runs,
+        "rps": statistics.median(load.rps for load in loads),
+        "p50_ms": float(np.percentile(latencies, 50)),
+        "p95_ms": float(np.percentile(latencies, 95)),
+        "p99_ms": float(np.percentile(latencies, 99)),
+        "errors": sum(n for load in loads for code, n in load.codes.items() if code != "OK"),
+        "rounds": [load.summary() for load in loads],
     }
 
 
@@ -126,41 +128,59 @@ def main() -> None:
     )
     parser.add_argument("--max-wait-ms", type=float, default=ServerSettings.max_wait_ms)
     parser.add_argument("--max-batch-tokens", type=int, default=ServerSettings.max_batch_tokens)
-    parser.add_argument("--rounds", type=int, default=3, help="turns of batching on and off")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of offline / batching on / batching off at 32")
     args = parser.parse_args()
     scale = 0.1 if args.quick else 1.0
-    nbest_budget = {1: (600, 20 * scale), 8: (2000, 20 * scale), 32: (2864, 30 * scale)}
+    nbest_budget = {1: (600, 20 * scale), 8: (2000, 20 * scale)}
     sentence_budget = {1: (1000, 10 * scale), 8: (3761, 10 * scale), 32: (3761, 15 * scale)}
+    per_round = int(600 * scale)  # lists per round at concurrency 32 (~5 s)
     on_settings = ServerSettings(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
     off_settings = ServerSettings(batching=False, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
+    load_before = os.getloadavg()
 
-    lists, sentences = nbest_requests(), sentence_requests()
+    lists = dev_other_lists()
+    requests, sentences = nbest_requests(lists), sentence_requests()
+    offline = Offline(on_settings.workers)
+    offline.work(lists[:4])  # first runs of the graphs
     with tempfile.TemporaryDirectory() as tmp:
         with start_server(Path(tmp) / "on", on_settings) as on, start_server(Path(tmp) / "off", off_settings) as off:
-            nbest = levels(on.address, lists, "RescoreNBest", nbest_budget)
-            text = levels(on.address, sentences, "ScoreSentences", sentence_budget)
+            nbest = levels(on.address, requests, "RescoreNBest", nbest_budget)
+            for server in (on, off):
+                run_load(server.address, requests, "RescoreNBest", 32, max_requests=64, max_seconds=30)
+            rounds = {"offline": [], "on": [], "off": []}
+            for r in range(args.rounds):
+                chunk = slice(r * per_round, (r + 1) * per_round)
+                rounds["offline"].append(offline.rps(lists[chunk]))
+                for name, server in (("on", on), ("off", off)):
+                    load = run_load(
+                        server.address, requests, "RescoreNBest", 32, max_requests=per_round, max_seconds=60,
+                        start_at=chunk.start,
+                    )  # fmt: skip
+                    rounds[name].append(load)
+                print(f"round {r}: offline {rounds['offline'][-1]:.1f}, on {rounds['on'][-1].summary()}, "
+                      f"off {rounds['off'][-1].summary()}", flush=True)  # fmt: skip
             sizes = batch_sizes(on.metrics_url)
-            nbest_switch = on_vs_off(on.address, off.address, lists, "RescoreNBest", args.rounds, 2864, 15 * scale)
-            text_switch = on_vs_off(on.address, off.address, sentences, "ScoreSentences", args.rounds, 3761, 10 * scale)
+            text = levels(on.address, sentences, "ScoreSentences", sentence_budget)
+            text_off = levels(off.address, sentences, "ScoreSentences", {32: sentence_budget[32]})[32]
             codes = (on.stop(), off.stop())
-    offline = offline_rps(on_settings.workers, limit=200 if args.quick else None)
-    print("offline", offline, flush=True)
+    nbest[32], batching_off = pooled(rounds["on"]), pooled(rounds["off"])
+    offline_rps = statistics.median(rounds["offline"])
 
     metrics = {}
     for concurrency, figures in nbest.items():
         for key in ("rps", "p50_ms", "p95_ms", "p99_ms"):
             metrics[f"c{concurrency}_{key}"] = figures[key]
-    metrics["offline_rps"] = offline["rps"]
-    metrics["c32_vs_offline"] = nbest[32]["rps"] / offline["rps"]
-    metrics["batching_speedup_c32"] = nbest_switch["speedup"]
-    metrics["batching_on_c32_rps"] = nbest_switch["on_rps"]
-    metrics["batching_off_c32_rps"] = nbest_switch["off_rps"]
-    metrics["batching_off_c32_p99_ms"] = nbest_switch["off_p99_ms"]
+    metrics["offline_rps"] = offline_rps
+    metrics["c32_vs_offline"] = nbest[32]["rps"] / offline_rps
+    metrics["batching_speedup_c32"] = nbest[32]["rps"] / batching_off["rps"]
+    metrics["batching_off_c32_rps"] = batching_off["rps"]
+    metrics["batching_off_c32_p99_ms"] = batching_off["p99_ms"]
     for concurrency, figures in text.items():
         for key in ("rps", "p50_ms", "p99_ms"):
             metrics[f"sentences_c{concurrency}_{key}"] = figures[key]
-    metrics["sentences_batching_speedup_c32"] = text_switch["speedup"]
-    metrics["errors"] = sum(f["errors"] for f in [*nbest.values(), *text.values()])
+    metrics["sentences_batching_off_c32_rps"] = text_off["rps"]
+    metrics["sentences_batching_speedup_c32"] = text[32]["rps"] / text_off["rps"]
+    metrics["errors"] = sum(f["errors"] for f in [*nbest.values(), batching_off, *text.values(), text_off])
     print({k: round(v, 3) for k, v in metrics.items()})
     if args.quick:
         return  # a check of the script: no result file
@@ -171,13 +191,14 @@ def main() -> None:
         threads="server: 2 scoring threads x 1 ONNX Runtime intra-op thread per scorer call; offline: the same",
         combination=combination(),
         rescore_nbest=nbest,
+        rescore_nbest_batching_off_c32=batching_off,
+        offline={"rounds_rps": rounds["offline"], "threads": offline.threads, "lists_per_call": 64},
+        lists_per_round_c32=per_round,
         score_sentences=text,
-        batch_sizes_on=sizes,
-        batching_rescore_nbest=nbest_switch,
-        batching_score_sentences=text_switch,
-        offline=offline,
+        score_sentences_batching_off_c32=text_off,
+        batch_sizes_on_after_rescore_nbest=sizes,
         exit_codes=codes,
-        quick=args.quick,
+        load_average_before_after=[load_before, os.getloadavg()],
         load_generator="asyncio, one loopback channel, closed loop, requests pre-serialised, responses unparsed",
     )
 

@@ -35,7 +35,15 @@ import grpc
 import numpy as np
 
 from benchmarks.common import ptb_sentences, write_result
-from benchmarks.serve_harness import BUNDLE, ServerSettings, nbest_requests, raw_method, rss_bytes, start_server
+from benchmarks.serve_harness import (
+    BUNDLE,
+    ServerSettings,
+    dev_other_lists,
+    nbest_requests,
+    raw_method,
+    rss_bytes,
+    start_server,
+)
 from benchmarks.serve_next_words import sentences as decoder_walks
 from rescoring.bundle import Bundle
 from server.lmserve_pb import lmserve_pb2 as pb
@@ -160,7 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.minutes * 60
     settings = ServerSettings()
-    nbest, sentences = nbest_requests(), sentence_batches()
+    nbest, sentences = nbest_requests(dev_other_lists()), sentence_batches()
     walks = decoder_walks(Bundle.load(BUNDLE).tokens)
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(Path(tmp), settings)

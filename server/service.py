@@ -92,7 +92,15 @@ class LMServicer:
 
         def batcher(kind: str, run: Callable) -> Batcher:
             return Batcher(
-                kind, run, pool, slots, batching.max_batch_tokens, max_wait, merge=batching.enabled, metrics=metrics
+                kind,
+                run,
+                pool,
+                slots,
+                workers,
+                batching.max_batch_tokens,
+                max_wait,
+                merge=batching.enabled,
+                metrics=metrics,
             )
 
         self.sentence_batcher = batcher("sentences", score_sentences)

@@ -23,19 +23,26 @@ from server.process import ServerProcess
 
 
 class Reciprocals:
-    """An engine: ``1 / x`` of every element of the merged work; it records each call's input, and its first call
-    holds at ``gate`` until the test opens it, so that the calls submitted meanwhile queue."""
+    """An engine: ``1 / x`` of every element of the merged work; it records each call's input, and holds every call at
+    ``gate`` until the test opens it, so that the calls submitted meanwhile queue."""
 
     def __init__(self):
         self.calls: list[list] = []
+        self.changed = threading.Condition()
         self.entered = threading.Event()
         self.gate = threading.Event()
 
     def __call__(self, model, work: list) -> list:
-        self.calls.append(list(work))
+        with self.changed:
+            self.calls.append(list(work))
+            self.changed.notify_all()
         self.entered.set()
         self.gate.wait(30)
         return [1 / x for x in work]
+
+    def wait_for_calls(self, count: int) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.calls) >= count, 30)
 
 
 def run_with_batcher(scenario, workers: int = 1, max_batch_tokens: int = 1000, max_wait: float = 0.05, merge=True):
@@ -43,7 +50,7 @@ def run_with_batcher(scenario, workers: int = 1, max_batch_tokens: int = 1000, m
     pool = ThreadPoolExecutor(workers)
 
     async def main():
-        batcher = Batcher("test", engine, pool, asyncio.Semaphore(workers), max_batch_tokens, max_wait, merge)
+        batcher = Batcher("test", engine, pool, asyncio.Semaphore(workers), workers, max_batch_tokens, max_wait, merge)
         result = await scenario(batcher, engine)
         assert not batcher.queues, "an idle batcher keeps no queue"
         return result
@@ -102,6 +109,24 @@ def test_without_merging_every_call_runs_alone():
 
     results, engine = run_with_batcher(scenario, merge=False)
     assert engine.calls == [[1], [2, 3], [4], [5, 6]] and results == [[0.5, 1 / 3], [0.25], [0.2, 1 / 6]]
+
+
+def test_threads_share_the_calls_evenly():
+    """Two threads: with one call running, nine queued ones leave as a batch of five (half of the ten calls of the
+    model), not nine on one thread and none on the other; the other four follow when a thread is free."""
+    works = [[i] for i in range(2, 11)]
+
+    async def scenario(batcher, engine):
+        first, tasks = await behind_a_running_batch(batcher, engine, works)
+        await asyncio.to_thread(engine.wait_for_calls, 2)  # the second thread took its share
+        engine.gate.set()
+        await first
+        return await asyncio.gather(*tasks)
+
+    results, engine = run_with_batcher(scenario, workers=2)
+    assert engine.calls[:2] == [[1], [2, 3, 4, 5, 6]]
+    assert sum(engine.calls[2:], []) == [7, 8, 9, 10]  # in one or two batches, as the threads come free
+    assert results == [[1 / x for x in work] for work in works]
 
 
 def test_a_call_that_breaks_the_engine_fails_alone():
