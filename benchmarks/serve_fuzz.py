@@ -90,6 +90,11 @@ class Fuzzer:
                 parts.append("".join(chr(self.rng.choice([self.rng.randint(32, 0x2FFF), 0x1F600])) for _ in range(5)))
         return " ".join(parts)
 
+    def token(self) -> str:
+        """One token as a decoder sends it: no whitespace, not <s> (a sentence starts from the empty state)."""
+        words = self.text(1).split()
+        return words[0] if words and words[0] != "<s>" else "x"
+
     def nbest(
         self, weights: dict | None = None, lists: list | None = None, profile: str = PROFILE, **fields
     ) -> pb.RescoreNBestRequest:
@@ -208,7 +213,7 @@ class Fuzzer:
         return "ScoreNextWords", self.step(self.state, [candidate]), {INVALID}
 
     def f_valid_steps(self):
-        candidates = [self.rng.choice(self.vocab) for _ in range(self.rng.randint(1, 8))] + [self.text(1) or "x"]
+        candidates = [self.rng.choice(self.vocab) for _ in range(self.rng.randint(1, 8))] + [self.token()]
         return "ScoreNextWords", self.step(self.rng.choice([b"", self.state]), candidates), {OK}
 
     def f_valid_lists(self):

@@ -162,9 +162,11 @@ async def closed_loop(
     timeout: float = 60.0,
 ) -> Load:
     """``concurrency`` callers replaying ``requests`` (cycling from ``start_at``) until ``max_requests`` calls are
-    answered or ``max_seconds`` have passed; throughput counts the calls answered OK over the wall time."""
+    answered or ``max_seconds`` have passed; throughput counts the calls answered OK over the wall time. ``address``
+    may name several replicas (:func:`replicas_target`): calls then take turns between them."""
     load = Load(concurrency)
-    async with grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.lb_policy_name", "round_robin")]
+    async with grpc.aio.insecure_channel(address, options=options) as channel:
         call = raw_method(channel, method)
         issued = 0
         start = time.perf_counter()
@@ -187,6 +189,11 @@ async def closed_loop(
         await asyncio.gather(*(caller() for _ in range(concurrency)))
         load.seconds = time.perf_counter() - start
     return load
+
+
+def replicas_target(servers: list[ServerProcess]) -> str:
+    """One channel target for several loopback replicas; with round-robin, each call goes to the next one."""
+    return "ipv4:" + ",".join(server.address for server in servers)
 
 
 def run_load(address: str, requests: list[bytes], method: str, concurrency: int, **limits) -> Load:

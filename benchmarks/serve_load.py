@@ -9,10 +9,16 @@ sentences as ScoreSentences calls (one sentence a call), closed-loop at concurre
 
 Concurrency 32 runs in rounds that take turns, so that the ratios stay fair when other work on the machine comes and
 goes: per round, the same slice of lists goes (a) through the offline scorer, (b) to the server with batching on,
-(c) to an identical server with batching off. The offline scorer is the same work without gRPC
+(c) to an identical server with batching off, (d) to two replicas of 1 scoring thread each, the calls taking turns
+between them (gRPC round-robin over one channel). The offline scorer is the same work without gRPC
 (``rescoring.lmscores.compute`` and the weights' choice) in this process, on as many threads as the server scores with
 (2, of 1 intra-op thread each), 64 lists per compute call (its default). Figures at 32 are medians over the rounds
 (latency percentiles over all their calls); ``c32_vs_offline`` and ``batching_speedup_c32`` are ratios of medians.
+The replicas show what one process leaves on the table: the engine holds the GIL for about a third of its time, so
+one server process uses about 1.6 of 2 cores.
+
+``engine_alone_*``: the concurrency-1 lists scored one at a time in this process (compute and reranking, no gRPC),
+so that the service's own share of the concurrency-1 latency can be read off.
 
 The load generator shares the machine's cores with the server (2 on the reference machine), as a co-located decoder
 would; it pre-serialises requests and does not parse responses to take as little of them as it can. The machine's
@@ -22,6 +28,7 @@ load average before and after is recorded: other people's jobs make every figure
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -44,13 +51,14 @@ from benchmarks.serve_harness import (
     combination,
     dev_other_lists,
     nbest_requests,
+    replicas_target,
     run_load,
     sentence_requests,
     start_server,
 )
 from rescoring.lmscores import compute
 from rescoring.nbest import NBestEntry, NBestList
-from rescoring.rescore import LanguageModels, Setup, setup_from_record
+from rescoring.rescore import LanguageModels, Setup, reranked, setup_from_record
 from rescoring.tune import read_weights
 
 
@@ -70,6 +78,17 @@ class Offline:
         lists = NBestList(chunk)
         models = self.models
         self.setup.choose(lists, compute(lists, models.scorer, models.ngram, models.normalizer))
+
+    def one_by_one_ms(self, entries: list[NBestEntry]) -> np.ndarray:
+        """Milliseconds of each list alone through compute and reranking: what the server does for one call."""
+        models = self.models
+        out = []
+        for entry in entries:
+            start = time.perf_counter()
+            lists = NBestList([entry])
+            reranked(lists, self.setup, compute(lists, models.scorer, models.ngram, models.normalizer))
+            out.append(time.perf_counter() - start)
+        return np.array(out) * 1000
 
     def rps(self, entries: list[NBestEntry]) -> float:
         """Lists per second over ``entries``."""
@@ -131,7 +150,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of offline / batching on / batching off at 32")
     args = parser.parse_args()
     scale = 0.1 if args.quick else 1.0
-    nbest_budget = {1: (600, 20 * scale), 8: (2000, 20 * scale)}
+    c1_lists = int(600 * scale)
+    nbest_budget = {1: (c1_lists, 30 * scale), 8: (2000, 20 * scale)}
     sentence_budget = {1: (1000, 10 * scale), 8: (3761, 10 * scale), 32: (3761, 15 * scale)}
     per_round = int(600 * scale)  # lists per round at concurrency 32 (~5 s)
     on_settings = ServerSettings(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
@@ -142,36 +162,46 @@ def main() -> None:
     requests, sentences = nbest_requests(lists), sentence_requests()
     offline = Offline(on_settings.workers)
     offline.work(lists[:4])  # first runs of the graphs
-    with tempfile.TemporaryDirectory() as tmp:
-        with start_server(Path(tmp) / "on", on_settings) as on, start_server(Path(tmp) / "off", off_settings) as off:
-            nbest = levels(on.address, requests, "RescoreNBest", nbest_budget)
-            for server in (on, off):
-                run_load(server.address, requests, "RescoreNBest", 32, max_requests=64, max_seconds=30)
-            rounds = {"offline": [], "on": [], "off": []}
-            for r in range(args.rounds):
-                chunk = slice(r * per_round, (r + 1) * per_round)
-                rounds["offline"].append(offline.rps(lists[chunk]))
-                for name, server in (("on", on), ("off", off)):
-                    load = run_load(
-                        server.address, requests, "RescoreNBest", 32, max_requests=per_round, max_seconds=60,
-                        start_at=chunk.start,
-                    )  # fmt: skip
-                    rounds[name].append(load)
-                print(f"round {r}: offline {rounds['offline'][-1]:.1f}, on {rounds['on'][-1].summary()}, "
-                      f"off {rounds['off'][-1].summary()}", flush=True)  # fmt: skip
-            sizes = batch_sizes(on.metrics_url)
-            text = levels(on.address, sentences, "ScoreSentences", sentence_budget)
-            text_off = levels(off.address, sentences, "ScoreSentences", {32: sentence_budget[32]})[32]
-            codes = (on.stop(), off.stop())
-    nbest[32], batching_off = pooled(rounds["on"]), pooled(rounds["off"])
+    replica_settings = ServerSettings(workers=1, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
+    alone = offline.one_by_one_ms(lists[:c1_lists])  # the lists the concurrency-1 run sends
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        on, off, *replicas = (
+            stack.enter_context(start_server(Path(tmp) / name, settings))
+            for name, settings in (("on", on_settings), ("off", off_settings), ("r1", replica_settings), ("r2", replica_settings))
+        )  # fmt: skip
+        targets = {"on": on.address, "off": off.address, "replicas": replicas_target(replicas)}
+        nbest = levels(on.address, requests, "RescoreNBest", nbest_budget)
+        for target in targets.values():
+            run_load(target, requests, "RescoreNBest", 32, max_requests=64, max_seconds=30)
+        rounds = {"offline": [], "on": [], "off": [], "replicas": []}
+        for r in range(args.rounds):
+            chunk = slice(r * per_round, (r + 1) * per_round)
+            rounds["offline"].append(offline.rps(lists[chunk]))
+            for name, target in targets.items():
+                load = run_load(
+                    target, requests, "RescoreNBest", 32, max_requests=per_round, max_seconds=60, start_at=chunk.start
+                )
+                rounds[name].append(load)
+            print(f"round {r}: offline {rounds['offline'][-1]:.1f}, "
+                  + ", ".join(f"{name} {rounds[name][-1].rps:.1f}" for name in targets), flush=True)  # fmt: skip
+        sizes = batch_sizes(on.metrics_url)
+        text = levels(on.address, sentences, "ScoreSentences", sentence_budget)
+        text_off = levels(off.address, sentences, "ScoreSentences", {32: sentence_budget[32]})[32]
+        codes = [server.stop() for server in (on, off, *replicas)]
+    nbest[32], batching_off, two_replicas = pooled(rounds["on"]), pooled(rounds["off"]), pooled(rounds["replicas"])
     offline_rps = statistics.median(rounds["offline"])
 
     metrics = {}
     for concurrency, figures in nbest.items():
         for key in ("rps", "p50_ms", "p95_ms", "p99_ms"):
             metrics[f"c{concurrency}_{key}"] = figures[key]
+    for q in (50, 95, 99):
+        metrics[f"engine_alone_c1_p{q}_ms"] = float(np.percentile(alone, q))
     metrics["offline_rps"] = offline_rps
     metrics["c32_vs_offline"] = nbest[32]["rps"] / offline_rps
+    metrics["replicas_c32_rps"] = two_replicas["rps"]
+    metrics["replicas_c32_p99_ms"] = two_replicas["p99_ms"]
+    metrics["replicas_c32_vs_offline"] = two_replicas["rps"] / offline_rps
     metrics["batching_speedup_c32"] = nbest[32]["rps"] / batching_off["rps"]
     metrics["batching_off_c32_rps"] = batching_off["rps"]
     metrics["batching_off_c32_p99_ms"] = batching_off["p99_ms"]
@@ -180,7 +210,9 @@ def main() -> None:
             metrics[f"sentences_c{concurrency}_{key}"] = figures[key]
     metrics["sentences_batching_off_c32_rps"] = text_off["rps"]
     metrics["sentences_batching_speedup_c32"] = text[32]["rps"] / text_off["rps"]
-    metrics["errors"] = sum(f["errors"] for f in [*nbest.values(), batching_off, *text.values(), text_off])
+    metrics["errors"] = sum(
+        f["errors"] for f in [*nbest.values(), batching_off, two_replicas, *text.values(), text_off]
+    )
     print({k: round(v, 3) for k, v in metrics.items()})
     if args.quick:
         return  # a check of the script: no result file
@@ -192,6 +224,7 @@ def main() -> None:
         combination=combination(),
         rescore_nbest=nbest,
         rescore_nbest_batching_off_c32=batching_off,
+        rescore_nbest_two_replicas_c32={**two_replicas, "server": replica_settings.record()},
         offline={"rounds_rps": rounds["offline"], "threads": offline.threads, "lists_per_call": 64},
         lists_per_round_c32=per_round,
         score_sentences=text,
