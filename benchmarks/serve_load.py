@@ -165,10 +165,8 @@ def main() -> None:
     replica_settings = ServerSettings(workers=1, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
     alone = offline.one_by_one_ms(lists[:c1_lists])  # the lists the concurrency-1 run sends
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        on, off, *replicas = (
-            stack.enter_context(start_server(Path(tmp) / name, settings))
-            for name, settings in (("on", on_settings), ("off", off_settings), ("r1", replica_settings), ("r2", replica_settings))
-        )  # fmt: skip
+        servers = {"on": on_settings, "off": off_settings, "r1": replica_settings, "r2": replica_settings}
+        on, off, *replicas = (stack.enter_context(start_server(Path(tmp) / n, c)) for n, c in servers.items())
         targets = {"on": on.address, "off": off.address, "replicas": replicas_target(replicas)}
         nbest = levels(on.address, requests, "RescoreNBest", nbest_budget)
         for target in targets.values():

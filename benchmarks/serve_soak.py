@@ -1,4 +1,4 @@
-"""A 10-minute soak of lm-serve at concurrency 32, with hot reloads and a graceful shutdown under load -> serve_soak.json
+"""A 10-minute soak of lm-serve at concurrency 32, hot reloads and a shutdown under load -> serve_soak.json
 
     python -m benchmarks.serve_soak [--minutes 10]
 

@@ -10,10 +10,11 @@ to ``max_wait`` for company, then for a free scoring thread, and leave together,
 bigger than that leaves alone) and up to a fair share of the model's calls: those queued and running, divided by the
 scoring threads. Without the share, one thread would take nearly every call in one big batch and the other would
 trickle through the few left (measured at concurrency 32 on 2 threads: batches of 17-32 calls beside batches of 3-8);
-with it, the threads carry even batches. The engine runs the merged work once; the results are split back by item. When a
-merged call fails, its items run again one by one, so a request that breaks the engine fails alone. A call cancelled
-(client gone, deadline passed) while queued leaves the queue and is not scored; one whose deadline passes in the
-queue gets :class:`Expired`.
+with it, the threads carry even batches (mostly 9-16 calls).
+
+The engine runs the merged work once; the results are split back by item. When a merged call fails, its items run
+again one by one, so a request that breaks the engine fails alone. A call cancelled (client gone, deadline passed)
+while queued leaves the queue and is not scored; one whose deadline passes in the queue gets :class:`Expired`.
 
 Queues are per model *object*: after a hot reload, calls that resolved the old models batch with each other on the
 old models, and new calls on the new ones; a queue disappears when it is empty and nothing of it runs.

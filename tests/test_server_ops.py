@@ -107,8 +107,7 @@ def test_reload_swaps_models_under_load_and_a_failed_one_keeps_them(bundles, tmp
     with ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server:
         client = LMServeClient(server.address, timeout=60)
         first = client.model_info()
-        scores = {}
-        scores["old"] = client.score_sentences(SENTENCES).sentences[0].neural.logprob
+        scores = {"old": client.score_sentences(SENTENCES).sentences[0].neural.logprob}
         slow = client.stub.RescoreKBest.future(slow_request(), timeout=60)  # in flight across the reload
         server.wait_for(lambda r: r.get("message") == "call started" and r["method"] == "RescoreKBest", 30)
         stream = CallStream(server.address)
