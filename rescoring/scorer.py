@@ -244,7 +244,8 @@ class Scorer:
         step's candidates. Below a shared node, a child that only one hypothesis goes through starts a *tail*: the
         rest of that hypothesis, run through the ``sentences`` graph from the shared node's output state, long tails
         of many lists in one batch (a token costs less there than a row of ``step``). Format 1 bundles, whose
-        ``sentences`` graph always starts from zero, step through every node instead.
+        ``sentences`` graph always starts from zero, step through every node instead, and so does a call with too few
+        tail tokens to fill several ``sentences`` batches (one 30-best list: measured 10% faster stepped).
 
         ``step`` nodes are grouped by child count (1, 2, 3-4, 5-8, ...) so that padding the candidate matrix to its
         widest row costs at most twice the real candidates (padding to the root's 30 would score 30 times too many).
@@ -259,7 +260,8 @@ class Scorer:
         for d in range(depth.max(), 0, -1):
             level = by_depth[level_start[d] : level_start[d + 1]]
             np.add.at(below, parent[level], below[level])
-        tails = self.continues_from_state
+        # Tails pay off when they fill several sentences batches; a single short list is cheaper stepped through.
+        tails = self.continues_from_state and np.count_nonzero(below == 1) >= 4 * self.max_batch_tokens
         edge_scores = np.zeros(len(token), dtype=np.float32)
         pending = _Tails(self, token, edge_scores)
         row_of = np.full(len(token), -1)  # a node's row in its depth's step outputs
