@@ -31,6 +31,17 @@ def make_sentences(n: int, seed: int, vocab_size: int = 40, max_len: int = 12) -
     return sentences
 
 
+def sentence_batch(sentences: list[list[int]], bos=1, eos=2):
+    """Arrays for a ``sentences`` graph: ``<s> w..`` inputs, ``w.. </s>`` targets (padded with </s>) and lengths."""
+    steps = max(len(s) for s in sentences) + 1
+    inputs = np.full((len(sentences), steps), eos, dtype=np.int64)
+    targets = np.full((len(sentences), steps), eos, dtype=np.int64)
+    for b, s in enumerate(sentences):
+        inputs[b, : len(s) + 1] = [bos, *s]
+        targets[b, : len(s) + 1] = [*s, eos]
+    return inputs, targets, np.array([len(s) + 1 for s in sentences], dtype=np.int64)
+
+
 def write_corpus(path: Path, sentences: list[str]) -> Path:
     data = ("\n".join(sentences) + "\n").encode()
     path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)

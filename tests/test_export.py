@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import BUNDLE_HEADS
+from conftest import BUNDLE_HEADS, sentence_batch
 
 from rescoring.bundle import Bundle, BundleError
 from training.checkpoint import load_model_for_eval
@@ -18,16 +18,6 @@ from training.export import SentencesGraph, StepGraph
 
 def session(bundle: Bundle, graph: str) -> ort.InferenceSession:
     return ort.InferenceSession(str(bundle.graph_path(graph)), providers=["CPUExecutionProvider"])
-
-
-def batch(sentences: list[list[int]], bos=1, eos=2):
-    steps = max(len(s) for s in sentences) + 1
-    inputs = np.full((len(sentences), steps), eos, dtype=np.int64)
-    targets = np.full((len(sentences), steps), eos, dtype=np.int64)
-    for b, s in enumerate(sentences):
-        inputs[b, : len(s) + 1] = [bos, *s]
-        targets[b, : len(s) + 1] = [*s, eos]
-    return inputs, targets, np.array([len(s) + 1 for s in sentences], dtype=np.int64)
 
 
 SENTENCES = [[5, 9, 3, 14], [7], [], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32]]
@@ -45,7 +35,7 @@ def test_every_head_exports_and_matches_pytorch(bundles, head, alpha):
         assert held["score_ppl"] == pytest.approx(held["ppl"], rel=1e-4)
     _, _, model = load_model_for_eval(run)
     model.eval()
-    inputs, targets, lengths = batch(SENTENCES)
+    inputs, targets, lengths = sentence_batch(SENTENCES)
     layers, hidden = bundle.manifest["model"]["layers"], bundle.manifest["model"]["hidden_size"]
     zeros = np.zeros((layers, len(lengths), hidden), dtype=np.float32)
     state = np.random.default_rng(2).normal(size=(2, layers, len(lengths), hidden)).astype(np.float32)
@@ -87,7 +77,7 @@ def test_step_scores_summed_word_by_word_equal_the_sentence_score(bundles, head,
         scores, h, c = step.run(None, {"prev_ids": np.array([prev]), "h": h, "c": c, "candidates": np.array([[word]])})
         total += float(scores[0, 0])
         prev = word
-    inputs, targets, lengths = batch([words])
+    inputs, targets, lengths = sentence_batch([words])
     feed = {"input_ids": inputs, "target_ids": targets, "lengths": lengths, "h0": np.zeros(shape, np.float32)}
     sentence = session(bundle, "sentences").run(None, {**feed, "c0": feed["h0"]})[0]
     assert total == pytest.approx(float(sentence.sum()), abs=1e-4)

@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import make_sentences, tiny_config_text, toml_value, write_corpus
+from conftest import make_sentences, sentence_batch, tiny_config_text, toml_value, write_corpus
 
 from rescoring.bundle import Bundle
 from training.checkpoint import load_model_for_eval
@@ -63,16 +63,6 @@ def run(bundle: Bundle, graph: str, feed: dict) -> list[np.ndarray]:
     return session.run(None, feed)
 
 
-def batch(sentences: list[list[int]], bos=1, eos=2):
-    steps = max(len(s) for s in sentences) + 1
-    inputs = np.full((len(sentences), steps), eos, dtype=np.int64)
-    targets = np.full((len(sentences), steps), eos, dtype=np.int64)
-    for b, s in enumerate(sentences):
-        inputs[b, : len(s) + 1] = [bos, *s]
-        targets[b, : len(s) + 1] = [*s, eos]
-    return inputs, targets, np.array([len(s) + 1 for s in sentences], dtype=np.int64)
-
-
 @pytest.mark.parametrize("name", list(ROWS))
 def test_new_heads_and_objectives_export_and_match_pytorch(exported, name):
     run_dir, path = exported[name]
@@ -87,7 +77,7 @@ def test_new_heads_and_objectives_export_and_match_pytorch(exported, name):
     _, _, model = load_model_for_eval(run_dir)
     model.eval()
 
-    inputs, targets, lengths = batch(SENTENCES)
+    inputs, targets, lengths = sentence_batch(SENTENCES)
     got = run(bundle, "sentences", {"input_ids": inputs, "target_ids": targets, "lengths": lengths})[0]
     with torch.no_grad():
         want = SentencesGraph(model, self_normalised)(*map(torch.from_numpy, (inputs, targets, lengths))).numpy()
