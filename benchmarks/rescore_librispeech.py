@@ -51,7 +51,7 @@ def main() -> None:
     figures = {}
     for name, setup in baseline.items():
         setup.weights = {setup.features[0]: 1.0}
-        figures[f"wer_{name}"] = metrics.wer_report(refs, metrics.pick(texts, setup.choose(test, None)[0]))["wer"]
+        figures[f"wer_{name}"] = metrics.wer_report(refs, metrics.pick(texts, setup.choose(test, None)))["wer"]
     figures["wer_oracle"] = metrics.wer_report(refs, metrics.pick(texts, metrics.oracle_wer(refs, texts)))["wer"]
     details = {}
     for name, base in PROTOCOLS.items():
@@ -60,7 +60,7 @@ def main() -> None:
         tuned = tune(dev, setup, dev_scores, "wer", fixed=base, lambdas=lambdas, restarts=args.restarts)
         weights_path = RESULTS / f"rescore_librispeech_{name}.weights.json"
         write_weights(weights_path, tuned.result, setup_record(models, tuned.setup))
-        chosen, _ = tuned.setup.choose(test, test_scores)
+        chosen = tuned.setup.choose(test, test_scores)
         rep = report(test, chosen, "wer")
         figures[f"wer_{name}"] = rep["rescored"]["wer"]
         figures[f"{name}_bootstrap_p_vs_first_pass"] = rep["bootstrap"]["p_value"]

@@ -39,8 +39,7 @@ def main() -> None:
     seconds["read"] = time.perf_counter() - start
     lm_scores = compute(nbest, models.scorer, models.ngram, models.normalizer, seconds=seconds)
     start = time.perf_counter()
-    chosen, _ = setup.choose(nbest, lm_scores)
-    out = reranked(nbest, setup, lm_scores)
+    out, chosen = reranked(nbest, setup, lm_scores)
     seconds["features_and_choice"] = time.perf_counter() - start
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

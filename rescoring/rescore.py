@@ -82,13 +82,16 @@ class Setup:
     def matrices(self, nbest: NBestList, lm_scores) -> list[np.ndarray]:
         return feature_matrices(nbest, self.features, lm_scores, self.definitions, self.lam)
 
-    def choose(self, nbest: NBestList, lm_scores) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Per utterance the chosen hypothesis (ties to the lower rank) and every hypothesis' combined score."""
+    def combine(self, matrices: list[np.ndarray]) -> list[np.ndarray]:
+        """Every hypothesis' combined score, from ``matrices``."""
         if self.weights is None:
             raise ValueError("this setup has no weights: tune it first")
         w = np.array([self.weights[f] for f in self.features])
-        combined = [x @ w for x in self.matrices(nbest, lm_scores)]
-        return metrics.choose(combined), combined
+        return [x @ w for x in matrices]
+
+    def choose(self, nbest: NBestList, lm_scores) -> np.ndarray:
+        """Per utterance the chosen hypothesis (ties to the lower rank)."""
+        return metrics.choose(self.combine(self.matrices(nbest, lm_scores)))
 
 
 # -- evaluation ----------------------------------------------------------------------------------------------------
@@ -231,10 +234,11 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def reranked(nbest: NBestList, setup: Setup, lm_scores) -> NBestList:
-    """The lists with our features added and each list sorted by the combined score (stable: ties keep rank)."""
-    _, combined = setup.choose(nbest, lm_scores)
+def reranked(nbest: NBestList, setup: Setup, lm_scores) -> tuple[NBestList, np.ndarray]:
+    """The lists with our features added and each list sorted by the combined score (stable: ties keep rank), and
+    per utterance the index of the chosen hypothesis in the original list (for reports)."""
     matrices = setup.matrices(nbest, lm_scores)
+    combined = setup.combine(matrices)
     entries = []
     for entry, x, scores in zip(nbest, matrices, combined, strict=True):
         order = np.argsort(-scores, kind="stable")
@@ -246,7 +250,7 @@ def reranked(nbest: NBestList, setup: Setup, lm_scores) -> NBestList:
                 Hypothesis(h.text, {**h.features, **added, RESCORE_FEATURE: float(scores[k])}, h.rank or int(k) + 1)
             )
         entries.append(NBestEntry(entry.id, hyps, list(entry.references), entry.source))
-    return NBestList(entries, nbest.name)
+    return NBestList(entries, nbest.name), metrics.choose(combined)
 
 
 def setup_record(models: LanguageModels, setup: Setup) -> dict:

@@ -79,10 +79,10 @@ def run_tune(args) -> int:
     nbest = read_nbest(args.list, args.format, args.references)
     models = LanguageModels.load(args.lm, args.ngram, args.normalize, args.threads)
     setup = Setup.parse(args.features, args.define)
-    have_lms = models.scorer is not None or models.ngram is not None
-    check_features(nbest, setup.features, setup.definitions, 0.5 if have_lms else None, have_lms)
-    lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
     lambdas = [float(x) for x in args.lambdas.split(",")]
+    have_lms = models.scorer is not None or models.ngram is not None
+    check_features(nbest, setup.features, setup.definitions, lambdas[0], have_lms)  # before the models run
+    lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
     methods = [m.strip() for m in args.methods.split(",")]
     tuned = tune_setup(
         nbest, setup, lm_scores, args.metric, args.fixed, lambdas, args.cv,
@@ -119,9 +119,8 @@ def run_nbest(args) -> int:
         args.threads,
     )
     lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
-    chosen, _ = setup.choose(nbest, lm_scores)
-    out_format = args.out_format or _input_format(args)
-    write_nbest(reranked(nbest, setup, lm_scores), args.out, out_format)
+    ranked, chosen = reranked(nbest, setup, lm_scores)
+    write_nbest(ranked, args.out, args.out_format or args.format or detect_format(args.list))
     if args.no_metrics:
         print(f"{nbest.name}: {len(nbest)} lists reranked -> {args.out}")
         return 0
@@ -132,7 +131,3 @@ def run_nbest(args) -> int:
         atomic_write_text(args.report, json.dumps(rep, indent=2, default=float) + "\n")
     print(format_report(rep))
     return 0
-
-
-def _input_format(args) -> str:
-    return args.format or detect_format(args.list)

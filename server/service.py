@@ -305,15 +305,15 @@ class LMServicer:
         fields["tokens"] = sum(len(h.neural) for row in scores for h in row)
 
         def finish() -> pb.Rescored:
+            ranked, chosen = reranked(nbest, setup, scores)
             result = pb.Rescored(
                 model=model.name,
                 profile=profile,
                 weights=messages.feature_weights(setup),
                 interpolation_weight=setup.lam or 0.0,
-                lists=[messages.ranked_list(e) for e in reranked(nbest, setup, scores)],
+                lists=[messages.ranked_list(e) for e in ranked],
             )
             if all(with_refs):
-                chosen, _ = setup.choose(nbest, scores)
                 result.evaluation.CopyFrom(messages.evaluation(report(nbest, chosen, metric, samples)))
             return result
 

@@ -94,12 +94,13 @@ def test_tuned_lm_features_beat_the_first_pass_on_held_out_lists(bundles, ngram_
     setup = Setup.parse("am,neural,ngram,interp,length")
     tuned = tune(dev, setup, models.scores(dev), "wer", fixed="am", lambdas=(0.3, 0.7), restarts=2)
     assert set(tuned.by_lambda) == {0.3, 0.7}
-    chosen, _ = tuned.setup.choose(test, models.scores(test))
+    chosen = tuned.setup.choose(test, models.scores(test))
     rep = report(test, chosen, "wer", bootstrap_samples=200)
     assert rep["rescored"]["wer"] < rep["1best"]["wer"]
     assert rep["oracle"]["wer"] <= rep["rescored"]["wer"]
     assert rep["bootstrap"]["p_value"] < 0.05
-    out = reranked(test, tuned.setup, models.scores(test))
+    out, ranked_choice = reranked(test, tuned.setup, models.scores(test))
+    assert ranked_choice.tolist() == chosen.tolist()
     for entry in out:
         scores = [h.features["rescore"] for h in entry.hypotheses]
         assert scores == sorted(scores, reverse=True)

@@ -234,7 +234,7 @@ def test_rescore_nbest_with_a_profile_equals_the_engine(client, local):
     result = client.rescore_nbest(lists, "exact", profile="dev", bootstrap_samples=200)
     model = local.get("exact")
     setup = setup_from_record(read_weights(model.profiles["dev"].path))
-    want = reranked(lists, setup, model.lms.scores(lists))
+    want, _ = reranked(lists, setup, model.lms.scores(lists))
     assert result.profile == "dev" and [w.feature for w in result.weights] == setup.features
     for got, expected in zip(result.lists, want, strict=True):
         assert [h.text for h in got.hypotheses] == [h.text for h in expected.hypotheses]
