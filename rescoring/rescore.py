@@ -11,7 +11,7 @@ normalised, which features with which definitions, the interpolation weight λ a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ from rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from rescoring.ngram import NgramLM
 from rescoring.scorer import Scorer
 from rescoring.textnorm import PRESETS, TextNormalizer
-from rescoring.tune import TuningSet, cross_validate, tune_weights
+from rescoring.tune import TuneResult, TuningSet, cross_validate, tune_weights
 
 RESCORE_FEATURE = "rescore"  # the combined score, added to every hypothesis of a reranked list
 
@@ -128,7 +128,7 @@ def tuning_set(nbest: NBestList, setup: Setup, lm_scores, metric: str) -> Tuning
 @dataclass
 class Tuned:
     setup: Setup
-    result: object  # rescoring.tune.TuneResult of the chosen λ
+    result: TuneResult  # of the chosen λ
     by_lambda: dict[float | None, float]  # dev metric per λ tried
     cross_validation: dict | None = None
 
@@ -151,9 +151,13 @@ def tune(
     uses_interp = "interp" in setup.features or any("interp" in d for d in setup.definitions.values())
     best = None
     by_lambda = {}
+    aligned = None  # the metric statistics (jiwer alignments, BLEU counts) do not depend on λ: computed once
     for lam in lambdas if uses_interp else [None]:
         trial = Setup(setup.features, setup.definitions, lam)
-        data = tuning_set(nbest, trial, lm_scores, metric)
+        if aligned is None:
+            data = aligned = tuning_set(nbest, trial, lm_scores, metric)
+        else:
+            data = replace(aligned, features=trial.matrices(nbest, lm_scores))
         result = tune_weights(data, fixed=fixed, **tune_args)
         by_lambda[lam] = result.dev_metric
         better = best is None or (
