@@ -3,19 +3,16 @@
     python -m benchmarks.selfnorm_ptb --jobs 2
 
 Every setting trains configs/ptb_selfnorm.toml (same schedule) in its own ``lm-train fit`` process, one thread each,
-``--jobs`` at a time; an interrupted sweep picks up its runs where they stopped and
-finished runs (``results.json`` written at the end) are not trained again.
+``--jobs`` at a time (benchmarks.train_run.fit_in_subprocess: resumable).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.common import ROOT, write_result
+from benchmarks.train_run import fit_in_subprocess
 
 CONFIG = ROOT / "configs" / "ptb_selfnorm.toml"
 SETTINGS = [(0.0, 1.0), (0.01, 1.0), (0.1, 1.0), (0.5, 1.0), (1.0, 1.0), (0.1, 0.1), (1.0, 0.1)]
@@ -23,29 +20,8 @@ SETTINGS = [(0.0, 1.0), (0.01, 1.0), (0.1, 1.0), (0.5, 1.0), (1.0, 1.0), (0.1, 0
 
 def run_setting(alpha: float, gamma: float) -> dict:
     run_dir = ROOT / "var" / "runs" / f"ptb_selfnorm_a{alpha:g}_g{gamma:g}"
-    if (run_dir / "results.json").exists():
-        command = None
-    elif (run_dir / "checkpoints" / "latest").exists():
-        command = ["fit", "--resume", str(run_dir)]
-    else:
-        command = [
-            "fit",
-            str(CONFIG),
-            "--out",
-            str(run_dir),
-            "--set",
-            f"objective.selfnorm_alpha={alpha}",
-            "--set",
-            f"objective.selfnorm_gamma={gamma}",
-            "--set",
-            "train.threads=1",
-        ]
-    if command is not None:
-        with (ROOT / "var" / "logs" / f"{run_dir.name}.log").open("a") as log:
-            subprocess.run(
-                [sys.executable, "-m", "training.cli", *command], check=True, stdout=log, stderr=log, cwd=ROOT
-            )
-    results = json.loads((run_dir / "results.json").read_text())
+    overrides = [f"objective.selfnorm_alpha={alpha}", f"objective.selfnorm_gamma={gamma}"]
+    results = fit_in_subprocess(CONFIG, run_dir, overrides)
     test = results["test"]
     return {
         "alpha": alpha,
@@ -63,7 +39,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()
-    (ROOT / "var" / "logs").mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda s: run_setting(*s), SETTINGS))
     baseline = next(r for r in rows if r["alpha"] == 0)

@@ -1,0 +1,120 @@
+"""Heads x objectives on one corpus, trained alike -> <table>_<set>.json (objectives_ptb.json, beta_nce_ptb.json, ...)
+
+    python -m benchmarks.objectives ptb --jobs 2 [--tables objectives,beta_nce]
+
+The rows are in configs/<set>_objectives.rows.toml: each trains configs/<set>_objectives.toml with its overrides in
+its own one-thread ``lm-train fit`` process, ``--jobs`` at a time, resumably. Evaluation is the trainer's exact one
+(full normalisation) for every row. A table's result file is rewritten each time one of its rows finishes, so a
+sweep cut short leaves the rows it has, with ``complete: false``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tomllib
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from benchmarks.common import ROOT, write_result
+from benchmarks.train_run import fit_in_subprocess
+from training.config import config_from_dict
+from training.objectives import self_normalised
+
+
+def result_row(name: str, run_dir: Path, results: dict) -> dict:
+    cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()), str(run_dir / "config.json"))
+    test = results["test"]
+    return {
+        "row": name,
+        "head": cfg.head.type,
+        "objective": cfg.objective.type,
+        "selfnorm_alpha": cfg.objective.selfnorm_alpha,
+        "beta": cfg.objective.beta,
+        "test_ppl": test["ppl"],
+        "valid_ppl": results["valid"]["ppl"],
+        "tokens_per_s": results["tokens_per_s"],
+        "logz_mean": test["logz_mean"],
+        "logz_std": test["logz_std"],
+        # what the bundle manifest will say: target_logprob exactly normalised, or self-normalised
+        "normalised": not self_normalised(cfg),
+        "run": str(run_dir.relative_to(ROOT)),
+    }
+
+
+def table_metrics(rows: dict[str, dict], spec: dict, base: dict | None) -> dict:
+    """Each row's test perplexity as a ratio to the reference row's, and whether the rows with a target meet it."""
+    metrics: dict = {"rows_done": len(rows), "rows_planned": len(spec)}
+    if base is None:
+        return metrics
+    metrics["reference_test_ppl"] = base["test_ppl"]
+    for name, row in rows.items():
+        row["ppl_vs_reference"] = row["test_ppl"] / base["test_ppl"]
+        if "target" in spec[name]:
+            row["target_vs_reference"] = spec[name]["target"]
+            row["meets_target"] = row["ppl_vs_reference"] <= spec[name]["target"]
+    targeted = [row for row in rows.values() if "meets_target" in row]
+    metrics["rows_meeting_target"] = sum(row["meets_target"] for row in targeted)
+    metrics["rows_with_target"] = sum("target" in row for row in spec.values())
+    return metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("set", help="corpus: configs/<set>_objectives.toml and .rows.toml")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--tables", default="", help="comma-separated tables of the rows file (default: all)")
+    args = parser.parse_args()
+    config = ROOT / "configs" / f"{args.set}_objectives.toml"
+    rows_file = config.with_suffix(".rows.toml")
+    spec = tomllib.loads(rows_file.read_text())
+    reference = spec.pop("reference")
+    tables = {name: rows for name, rows in spec.items() if not args.tables or name in args.tables.split(",")}
+    if not tables:
+        parser.error(f"--tables {args.tables!r}: {rows_file} has {', '.join(spec)}")
+
+    # one run per distinct override list, named after the first row that asks for it; the reference row first
+    reference_set = next(tuple(rows[reference]["set"]) for rows in spec.values() if reference in rows)
+    runs: dict[tuple, str] = {reference_set: reference}
+    for rows in tables.values():
+        for name, row in rows.items():
+            runs.setdefault(tuple(row["set"]), name)
+    done: dict[str, dict] = {table: {} for table in tables}
+    failed: list[str] = []
+    base = None
+
+    def train(overrides: tuple, run_name: str) -> tuple[tuple, Path, dict]:
+        run_dir = ROOT / "var" / "runs" / f"{args.set}_objectives" / run_name
+        return overrides, run_dir, fit_in_subprocess(config, run_dir, list(overrides))
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(train, overrides, name): name for overrides, name in runs.items()}
+        for future in as_completed(futures):  # the results are gathered here, in this one thread
+            try:
+                overrides, run_dir, results = future.result()
+            except subprocess.CalledProcessError as error:
+                failed.append(futures[future])
+                print(f"run {futures[future]} failed ({error}); its log is in var/logs/", file=sys.stderr)
+                continue
+            if overrides == reference_set:
+                base = result_row(reference, run_dir, results)
+            for table, rows in tables.items():
+                for name, row in rows.items():
+                    if tuple(row["set"]) == overrides:
+                        done[table][name] = result_row(name, run_dir, results)
+                ordered = {name: done[table][name] for name in rows if name in done[table]}
+                write_result(
+                    f"{table}_{args.set}",
+                    {**table_metrics(ordered, rows, base), "failed_runs": failed},
+                    complete=len(ordered) == len(rows),
+                    reference=reference,
+                    rows=list(ordered.values()),
+                    config=str(config.relative_to(ROOT)),
+                    rows_file=str(rows_file.relative_to(ROOT)),
+                )
+
+
+if __name__ == "__main__":
+    main()
