@@ -22,10 +22,12 @@ from benchmarks.common import ROOT, write_result
 from benchmarks.train_run import fit_in_subprocess
 from training.config import config_from_dict
 from training.objectives import self_normalised
+from training.vocab import Vocabulary
 
 
 def result_row(name: str, run_dir: Path, results: dict) -> dict:
     cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()), str(run_dir / "config.json"))
+    vocab_size = len(Vocabulary.load(run_dir / "vocab.tsv"))
     test = results["test"]
     return {
         "row": name,
@@ -33,6 +35,8 @@ def result_row(name: str, run_dir: Path, results: dict) -> dict:
         "objective": cfg.objective.type,
         "selfnorm_alpha": cfg.objective.selfnorm_alpha,
         "beta": cfg.objective.beta,
+        # input embedding parameters as a fraction of a full |V| x E matrix (slim input embeddings: M / (K |V|))
+        "fraction": cfg.model.slim_pool / (cfg.model.slim_subvectors * vocab_size) if cfg.model.slim_pool else 1.0,
         "test_ppl": test["ppl"],
         "valid_ppl": results["valid"]["ppl"],
         "tokens_per_s": results["tokens_per_s"],

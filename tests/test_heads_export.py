@@ -1,4 +1,4 @@
-"""lm-train export of the class, tree and slim heads and of sampled objectives: each trains one epoch on the
+"""lm-train export of the class, tree, slim and char-CNN heads, slim input embeddings and sampled objectives: each trains one epoch on the
 generated corpus, exports (which runs the held-out parity check, |Δ| <= 1e-4), and its graphs match PyTorch.
 
 Beside tests/test_export.py (whose bundles come from conftest.BUNDLE_HEADS) so that these rows carry their own
@@ -31,7 +31,16 @@ ROWS = {
         {"type": "importance_sampling", "samples": 20},
         True,
     ),
+    "slim-input": ({"type": "full"}, {}, False),
+    "charcnn": ({"type": "charcnn", "charcnn_size": 8, "charcnn_widths": [1, 2]}, {}, False),
+    "charcnn-is": (
+        {"type": "charcnn", "bias_init": "unigram", "charcnn_size": 8, "charcnn_widths": [1, 2]},
+        {"type": "importance_sampling", "samples": 20},
+        True,
+    ),
 }
+# [model] settings of a row, beside the tiny config's
+MODEL = {"slim-input": {"slim_subvectors": 4, "slim_pool": 32}}
 
 SENTENCES = [[5, 9, 3, 14], [7], [], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32]]
 
@@ -46,7 +55,16 @@ def exported(tmp_path_factory):
     made = {}
     for name, (head, objective, _) in ROWS.items():
         config = root / f"{name}.toml"
-        config.write_text(tiny_config_text(corpus, "sentence", head["type"], train={"epochs": 1}, objective=objective))
+        config.write_text(
+            tiny_config_text(
+                corpus,
+                "sentence",
+                head["type"],
+                train={"epochs": 1},
+                objective=objective,
+                model=MODEL.get(name, {}),
+            )
+        )
         overrides = [f"--set=head.{key}={toml_value(value)}" for key, value in head.items()]
         assert main(["fit", str(config), "--out", str(root / name), *overrides]) == 0
         assert main(["export", "--checkpoint", str(root / name), "--out", str(root / f"{name}.bundle")]) == 0

@@ -120,10 +120,10 @@ def test_huffman_branches_put_children_before_parents():
 def test_slim_assignment_is_balanced_fixed_and_saved():
     head = SlimSoftmax(D, V, subvectors=4, pool=40)  # 10 vectors per position, each for 6 of the 60 words
     for k in range(4):
-        assert torch.bincount(head.assignment[:, k], minlength=10).tolist() == [6] * 10
-    assert torch.equal(head.assignment, SlimSoftmax(D, V, subvectors=4, pool=40).assignment)
-    assert "assignment" in head.state_dict()
-    assert head.pools.numel() == 40 * D // 4  # M sub-vectors of D/K
+        assert torch.bincount(head.table.assignment[:, k], minlength=10).tolist() == [6] * 10
+    assert torch.equal(head.table.assignment, SlimSoftmax(D, V, subvectors=4, pool=40).table.assignment)
+    assert "table.assignment" in head.state_dict()
+    assert head.table.pools.numel() == 40 * D // 4  # M sub-vectors of D/K
 
 
 def test_slim_logits_by_dynamic_programme_equal_the_composed_matrix():
@@ -132,7 +132,7 @@ def test_slim_logits_by_dynamic_programme_equal_the_composed_matrix():
     hidden = torch.randn(N, D)
     vectors, bias = head.output_vectors(torch.arange(V))
     for w in (0, 7, V - 1):
-        parts = [head.pools[k, head.assignment[w, k]] for k in range(3)]
+        parts = [head.table.pools[k, head.table.assignment[w, k]] for k in range(3)]
         torch.testing.assert_close(vectors[w], torch.cat(parts))
     torch.testing.assert_close(head.logits(hidden), hidden @ vectors.T + bias)
 

@@ -44,3 +44,35 @@ def test_dropout_only_while_training():
     assert torch.equal(model(x)[0], model(x)[0])
     model.train()
     assert not torch.equal(model(x)[0], model(x)[0])
+
+
+def test_slim_input_embeddings_compose_shared_subvectors():
+    cfg = ModelConfig(embedding_size=8, hidden_size=8, slim_subvectors=4, slim_pool=20)  # 5 per pool, 10 words each
+    model = LSTMLM(50, cfg, HeadConfig())
+    table = model.embedding
+    assert table.pools.numel() == 20 * 8 // 4  # M sub-vectors of E/K: 10% of the 50 x 8 matrix
+    ids = torch.tensor([[0, 7], [49, 7]])
+    vectors = model.embedding(ids)
+    assert vectors.shape == (2, 2, 8)
+    torch.testing.assert_close(vectors[1, 1], torch.cat([table.pools[k, table.assignment[7, k]] for k in range(4)]))
+    for k in range(4):
+        assert torch.bincount(table.assignment[:, k], minlength=5).tolist() == [10] * 5
+    # its own assignment, not the slim output layer's
+    head = LSTMLM(50, ModelConfig(embedding_size=8, hidden_size=8), HeadConfig(type="slim", slim_pool=20)).head
+    assert not torch.equal(table.assignment, head.table.assignment)
+    hidden, _ = model(ids)
+    hidden.sum().backward()
+    assert table.pools.grad.abs().sum() > 0
+
+
+def test_slim_input_embeddings_are_validated_and_cannot_be_tied():
+    with pytest.raises(ValueError, match="model.slim_subvectors = 3"):
+        LSTMLM(50, ModelConfig(embedding_size=8, slim_subvectors=3, slim_pool=30), HeadConfig())
+    with pytest.raises(ValueError, match="model.slim_pool = 10"):
+        LSTMLM(50, ModelConfig(embedding_size=8, slim_subvectors=4, slim_pool=10), HeadConfig())
+    with pytest.raises(ValueError, match="no matrix to tie"):
+        LSTMLM(
+            50,
+            ModelConfig(embedding_size=8, hidden_size=8, slim_pool=40, slim_subvectors=4, tie_embeddings=True),
+            HeadConfig(),
+        )

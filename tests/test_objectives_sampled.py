@@ -2,7 +2,7 @@
 
 import json
 import math
-import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -201,10 +201,10 @@ def test_sampled_objectives_work_on_slim_heads_and_refuse_others():
     slim.init_bias(zipf_prior())
     hidden = torch.randn(N, D, requires_grad=True)
     BlackOut(samples=6)(slim, hidden, torch.randint(0, V, (N,))).loss.backward()
-    assert slim.pools.grad.abs().sum() > 0 and slim.log_z_offset.grad is not None
+    assert slim.table.pools.grad.abs().sum() > 0 and slim.log_z_offset.grad is not None
     adaptive = AdaptiveSoftmax(D, V, cutoffs=[10])
     adaptive.init_bias(zipf_prior())
-    with pytest.raises(ValueError, match="objective.type = nce .* head.type = full or slim"):
+    with pytest.raises(ValueError, match="objective.type = nce .* head.type = full, slim or charcnn"):
         NCE(samples=3)(adaptive, hidden, torch.zeros(N, dtype=torch.long))
     with pytest.raises(ValueError, match='head.bias_init = "unigram"'):
         NCE(samples=3)(FullSoftmax(D, V), hidden, torch.zeros(N, dtype=torch.long))
@@ -222,7 +222,7 @@ def test_sampled_settings_are_validated_with_their_keys():
 
 
 def test_config_refuses_combinations_that_cannot_work():
-    with pytest.raises(ConfigError, match="needs head.type = full or slim, got tree"):
+    with pytest.raises(ConfigError, match="needs head.type = full, slim or charcnn, got tree"):
         config_from_dict({"head": {"type": "tree", "bias_init": "unigram"}, "objective": {"type": "nce"}})
     # every head gets the unigram from the trainer, so these need no bias setting
     for head, objective in (("full", "blackout"), ("class", "cross_entropy"), ("tree", "cross_entropy")):
@@ -295,30 +295,28 @@ def test_sampled_objectives_train_through_the_loop(write_config, tmp_path, head,
     )  # uniform over the ~43 words is 43; exact CE gets 21
 
 
-def ptb_rows() -> dict[str, list[str]]:
-    """The rows of configs/ptb_objectives.toml's comment table: name -> --set overrides."""
-    rows = {}
-    for line in (ROOT / "configs" / "ptb_objectives.toml").read_text().splitlines():
-        match = re.match(r"#   ([a-z][\w-]+)\s+(.*)", line)
-        if match and match.group(1) != "row":
-            settings = match.group(2).split("(")[0].split()
-            rows[match.group(1)] = [s for s in settings if "=" in s]
-    return rows
+def comparison_rows(corpus: str) -> dict[str, list[str]]:
+    """The rows of configs/<corpus>_objectives.rows.toml, all tables: name -> --set overrides."""
+    spec = tomllib.loads((ROOT / "configs" / f"{corpus}_objectives.rows.toml").read_text())
+    return {name: row["set"] for table in spec.values() if isinstance(table, dict) for name, row in table.items()}
 
 
-def test_every_ptb_row_builds_its_head_and_objective(tmp_path):
-    rows = ptb_rows()
-    assert {"full-ce", "class-ce", "tree-ce", "tree-clustered", "slim-ce", "full-is", "full-nce"} <= set(rows)
+@pytest.mark.parametrize("corpus", ["ptb", "gutenberg"])
+def test_every_comparison_row_builds_its_model_and_objective(tmp_path, corpus):
+    rows = comparison_rows(corpus)
+    assert {"full-ce", "class-ce", "tree-ce", "full-is", "full-nce"} <= set(rows)
+    vocab_size = 10_001 if corpus == "ptb" else 50_000
+    words = [f"w{i}" for i in range(vocab_size)]
     (tmp_path / "ckpt").mkdir()  # stands for the full-ce run whose embeddings the clustered tree splits
-    save_file({"embedding.weight": torch.randn(10_001, 4)}, str(tmp_path / "ckpt" / "model.safetensors"))
+    save_file({"embedding.weight": torch.randn(vocab_size, 4)}, str(tmp_path / "ckpt" / "model.safetensors"))
     for name, settings in rows.items():
         overrides = [
             f"head.tree_embeddings={tmp_path / 'ckpt'}" if s.startswith("head.tree_embeddings=") else s
             for s in settings
         ]
-        cfg = load_config(ROOT / "configs" / "ptb_objectives.toml", overrides)
-        model = LSTMLM(10_001, cfg.model, cfg.head)
-        model.head.init_bias(zipf_prior(10_001))
+        cfg = load_config(ROOT / "configs" / f"{corpus}_objectives.toml", overrides)
+        model = LSTMLM(vocab_size, cfg.model, cfg.head, words)
+        model.head.init_bias(zipf_prior(vocab_size))
         objective = build_objective(cfg.objective)
-        hidden, targets = torch.randn(6, cfg.model.hidden_size), torch.randint(0, 10_001, (6,))
+        hidden, targets = torch.randn(6, cfg.model.hidden_size), torch.randint(0, vocab_size, (6,))
         assert torch.isfinite(objective(model.head, hidden, targets).loss), name

@@ -123,7 +123,7 @@ def load_model_for_eval(path: str | Path) -> tuple[Config, Vocabulary, LSTMLM]:
             raise CheckpointError(f"{ckpt}: missing {required}")
     config = config_from_dict(json.loads((ckpt / "config.json").read_text()), str(ckpt / "config.json"))
     vocab = Vocabulary.load(ckpt / "vocab.tsv")
-    model = LSTMLM(len(vocab), config.model, config.head)
+    model = LSTMLM(len(vocab), config.model, config.head, vocab.tokens)
     missing, unexpected = load_model(model, str(ckpt / "model.safetensors"), strict=False)
     if missing or unexpected:
         raise CheckpointError(

@@ -53,11 +53,15 @@ class ModelConfig:
     tie_embeddings: bool = False
     projection_size: int = 0  # project the top hidden state to this size before the head (0 = none)
     init_range: float = 0.1  # every parameter ~ U(-r, r); 0 keeps PyTorch's defaults
+    # slim input embeddings (Li et al. 2018): each word's embedding is slim_subvectors sub-vectors drawn from
+    # slim_pool shared ones (a fraction slim_pool / (slim_subvectors * |V|) of the parameters); 0 = a full matrix
+    slim_pool: int = 0
+    slim_subvectors: int = 10
 
 
 @dataclass
 class HeadConfig:
-    type: str = "full"  # full | adaptive | class | tree | slim
+    type: str = "full"  # full | adaptive | class | tree | slim | charcnn
     cutoffs: list[int] = field(default_factory=list)  # adaptive: ids < cutoffs[0] are the shortlist
     div_value: float = 4.0  # adaptive: cluster i projects to size // div_value ** (i + 1)
     # uniform: like every other parameter (model.init_range); unigram: output biases start at the log unigram
@@ -71,7 +75,14 @@ class HeadConfig:
     tree_embeddings: str = ""  # tree = clustered: a trained run (or checkpoint) over the same vocabulary
     slim_subvectors: int = 4  # slim: K sub-vectors per output vector (divides the head's input size)
     slim_pool: int = 0  # slim: M shared sub-vectors in all, M/K per position (a multiple of K; required)
-    # full and slim: scores are W h + b - log_z, NCE's normalising constant Z_c (Zoph et al. 2016 fix it to 9);
+    # charcnn (Labeau 2018, ch. 5): each output vector is a word vector (the head's input size less charcnn_size)
+    # concatenated with a char-CNN vector of the word's spelling (charcnn_size: one max-pooled filter bank per
+    # width, charcnn_size / len(widths) filters each, over the first charcnn_max_chars characters)
+    charcnn_size: int = 100
+    char_embedding_size: int = 16
+    charcnn_widths: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    charcnn_max_chars: int = 20
+    # full, slim, charcnn: scores are W h + b - log_z, NCE's normalising constant Z_c (Zoph et al. 2016 fix it to 9);
     # learn_log_z trains it from that start (Labeau & Allauzen 2018). Exact probabilities do not depend on it.
     log_z: float = 0.0
     learn_log_z: bool = False
@@ -148,7 +159,7 @@ SAMPLED_OBJECTIVES = ("importance_sampling", "nce", "negative_sampling", "blacko
 
 _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),
-    ("head", "type"): ("full", "adaptive", "class", "tree", "slim"),
+    ("head", "type"): ("full", "adaptive", "class", "tree", "slim", "charcnn"),
     ("head", "bias_init"): ("uniform", "unigram"),
     ("head", "tree"): ("huffman", "clustered", "balanced"),
     ("objective", "type"): ("cross_entropy", *SAMPLED_OBJECTIVES),
@@ -224,10 +235,10 @@ def config_from_dict(raw: dict, source: str = "<config>") -> Config:
 def _check_head_and_objective(config: Config, source: str) -> None:
     """Combinations that cannot work, caught before a run starts."""
     head, objective = config.head, config.objective
-    if objective.type in SAMPLED_OBJECTIVES and head.type not in ("full", "slim"):
+    if objective.type in SAMPLED_OBJECTIVES and head.type not in ("full", "slim", "charcnn"):
         raise ConfigError(
             f"{source}: objective.type = {objective.type} scores a sample of words by dot products: it needs "
-            f"head.type = full or slim, got {head.type}"
+            f"head.type = full, slim or charcnn, got {head.type}"
         )
 
 

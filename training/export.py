@@ -183,6 +183,7 @@ def export_bundle(
     ckpt = resolve_checkpoint(checkpoint)
     cfg, vocab, model = load_model_for_eval(ckpt)
     model.eval()
+    model.head = model.head.frozen()
     self_normalised = is_self_normalised(cfg)
     heldout = heldout or expand_data_path(cfg.data.valid)
     corpus = encode_file(heldout, vocab, cfg.data.lowercase)

@@ -11,24 +11,32 @@ from torch import nn
 
 from training.config import HeadConfig, ModelConfig
 from training.heads import Head, build_head
+from training.heads.slim import SlimEmbedding
 
 State = tuple[torch.Tensor, torch.Tensor]
 
 
 class LSTMLM(nn.Module):
-    def __init__(self, vocab_size: int, cfg: ModelConfig, head_cfg: HeadConfig):
+    def __init__(self, vocab_size: int, cfg: ModelConfig, head_cfg: HeadConfig, words: list[str] | None = None):
+        """``words`` (the vocabulary's tokens by id) is needed only by heads built from spellings (charcnn)."""
         super().__init__()
-        self.embedding = nn.Embedding(vocab_size, cfg.embedding_size)
+        self.embedding = (
+            SlimEmbedding(vocab_size, cfg.embedding_size, cfg.slim_subvectors, cfg.slim_pool)
+            if cfg.slim_pool
+            else nn.Embedding(vocab_size, cfg.embedding_size)
+        )
         self.dropout = nn.Dropout(cfg.dropout)
         self.lstm = nn.LSTM(
             cfg.embedding_size, cfg.hidden_size, cfg.layers, dropout=cfg.dropout if cfg.layers > 1 else 0.0
         )
         self.projection = nn.Linear(cfg.hidden_size, cfg.projection_size) if cfg.projection_size else None
-        self.head: Head = build_head(head_cfg, cfg.projection_size or cfg.hidden_size, vocab_size)
+        self.head: Head = build_head(head_cfg, cfg.projection_size or cfg.hidden_size, vocab_size, words)
         if cfg.init_range:
             for p in self.parameters():
                 nn.init.uniform_(p, -cfg.init_range, cfg.init_range)
         if cfg.tie_embeddings:
+            if cfg.slim_pool:
+                raise ValueError("model.tie_embeddings: slim input embeddings (model.slim_pool) have no matrix to tie")
             if not hasattr(self.head, "tie_to"):
                 raise ValueError(f"model.tie_embeddings: head {head_cfg.type!r} has no single output matrix to tie")
             self.head.tie_to(self.embedding)

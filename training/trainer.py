@@ -159,7 +159,7 @@ class Trainer:
                 file=sys.stderr,
             )
         torch.manual_seed(cfg.train.seed)
-        self.model = LSTMLM(len(vocab), cfg.model, cfg.head)
+        self.model = LSTMLM(len(vocab), cfg.model, cfg.head, vocab.tokens)
         self.model.head.init_bias(torch.tensor(vocab.target_log_prior()), set_bias=cfg.head.bias_init == "unigram")
         self.objective = build_objective(cfg.objective)
         self.optimizer = build_optimizer(self.model, cfg)

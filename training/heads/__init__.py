@@ -5,15 +5,17 @@ from __future__ import annotations
 from training.config import HeadConfig
 from training.heads.adaptive import AdaptiveSoftmax
 from training.heads.base import Head, LinearHead
+from training.heads.charcnn import CharCNNSoftmax
 from training.heads.class_based import ClassSoftmax
 from training.heads.full import FullSoftmax
 from training.heads.slim import SlimSoftmax
 from training.heads.tree import TREE_TYPES, TreeSoftmax
 
-HEAD_TYPES = ("full", "adaptive", "class", "tree", "slim")
+HEAD_TYPES = ("full", "adaptive", "class", "tree", "slim", "charcnn")
 
 
-def build_head(cfg: HeadConfig, in_dim: int, vocab_size: int) -> Head:
+def build_head(cfg: HeadConfig, in_dim: int, vocab_size: int, words: list[str] | None = None) -> Head:
+    """``words``, the vocabulary's tokens by id, is needed by heads built from spellings (charcnn) only."""
     if cfg.type == "full":
         head = FullSoftmax(in_dim, vocab_size, cfg.log_z, cfg.learn_log_z)
     elif cfg.type == "adaptive":
@@ -24,6 +26,19 @@ def build_head(cfg: HeadConfig, in_dim: int, vocab_size: int) -> Head:
         head = TreeSoftmax(in_dim, vocab_size, cfg.tree, cfg.tree_embeddings)
     elif cfg.type == "slim":
         head = SlimSoftmax(in_dim, vocab_size, cfg.slim_subvectors, cfg.slim_pool, cfg.log_z, cfg.learn_log_z)
+    elif cfg.type == "charcnn":
+        if words is None or len(words) != vocab_size:
+            raise ValueError("head.type = charcnn: the head is built from the vocabulary's spellings; pass its words")
+        head = CharCNNSoftmax(
+            in_dim,
+            words,
+            cfg.charcnn_size,
+            cfg.char_embedding_size,
+            cfg.charcnn_widths,
+            cfg.charcnn_max_chars,
+            cfg.log_z,
+            cfg.learn_log_z,
+        )
     else:
         raise ValueError(f"head.type = {cfg.type!r}, expected one of {', '.join(HEAD_TYPES)}")
     return head
@@ -31,6 +46,7 @@ def build_head(cfg: HeadConfig, in_dim: int, vocab_size: int) -> Head:
 
 __all__ = [
     "AdaptiveSoftmax",
+    "CharCNNSoftmax",
     "ClassSoftmax",
     "FullSoftmax",
     "Head",

@@ -70,6 +70,11 @@ class Head(nn.Module, abc.ABC):
         if set_bias:
             self.set_prior_bias(self.log_prior)
 
+    def frozen(self) -> Head:
+        """The head as exported: heads that compute their output vectors (charcnn) return a plain head holding
+        them, precomputed; the rest are served as they are."""
+        return self
+
     def candidate_logprobs(self, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Exact log-probabilities of ``[B, K]`` candidate next words for ``[B, D]`` hidden states. A flat softmax
         normalises once per row; heads whose ``target_logprob`` is cheaper than the whole distribution override this

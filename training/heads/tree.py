@@ -85,7 +85,10 @@ def load_embeddings(path: str, vocab_size: int) -> np.ndarray:
 
     from training.checkpoint import resolve_checkpoint  # (imports the model, which imports the heads)
 
-    weights = load_file(str(resolve_checkpoint(path) / "model.safetensors"))["embedding.weight"]
+    tensors = load_file(str(resolve_checkpoint(path) / "model.safetensors"))
+    if "embedding.weight" not in tensors:
+        raise ValueError(f"head.tree_embeddings = {path!r}: its model has no embedding matrix (slim input embeddings?)")
+    weights = tensors["embedding.weight"]
     if weights.shape[0] != vocab_size:
         raise ValueError(
             f"head.tree_embeddings = {path!r}: its embeddings cover {weights.shape[0]} words, the vocabulary has "

@@ -1,4 +1,4 @@
-"""Sampled objectives: train a linear head (full or slim) without computing its normaliser.
+"""Sampled objectives: train a linear head (full, slim or charcnn) without computing its normaliser.
 
 Each step draws ``objective.samples`` words once, with replacement, from a proposal Q (the training unigram to the
 power ``noise_power``, mixed with the uniform distribution by ``noise_uniform``), and the whole batch shares them:
@@ -112,8 +112,8 @@ class SampledObjective(abc.ABC):
     def __call__(self, head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> ObjectiveOutput:
         if not isinstance(head, LinearHead):
             raise ValueError(
-                f"objective.type = {self.name} scores a sample of words by dot products: it needs head.type = full "
-                f"or slim, got {type(head).__name__}"
+                f"objective.type = {self.name} scores a sample of words by dot products: it needs head.type = full, "
+                f"slim or charcnn, got {type(head).__name__}"
             )
         noise = self.noise(head)
         ids = noise.sample(self.samples)

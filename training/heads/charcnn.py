@@ -1,0 +1,123 @@
+"""Character-CNN output embeddings (Labeau 2018, thesis ch. 5; after Kim et al. 2016 on the input side).
+
+Each word's output vector is a free word vector concatenated with a vector computed from its spelling: characters
+embedded, one bank of convolution filters per width, each filter max-pooled over the word. A rare word, whose own
+vector a sampled objective almost never updates, shares the filters with every word spelled like it, so its
+score moves with theirs (inflections, compounds, numbers). Labeau trained it with importance sampling and NCE: a
+sampled step runs the CNN over the targets and the samples only (~1,000 words), not the vocabulary.
+
+Costs: the whole-vocabulary scores (exact training, evaluation) run the CNN over all V spellings, O(V · max_chars ·
+char_embedding_size · charcnn_size) per call, on top of the [N, D] x [D, V] product. Serving does not: ``frozen()``
+precomputes the [V, D] output matrix into a plain full softmax, which is what export writes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from training.heads.base import LinearHead
+from training.heads.full import FullSoftmax
+
+PAD, BOW, EOW = 0, 1, 2
+CHUNK = 8192  # words per CNN pass over the vocabulary: bounds the [chunk, filters, positions] activations
+
+
+class CharCNNSoftmax(LinearHead):
+    def __init__(
+        self,
+        in_dim: int,
+        words: list[str],
+        charcnn_size: int,
+        char_embedding_size: int,
+        widths: list[int],
+        max_chars: int,
+        log_z: float = 0.0,
+        learn_log_z: bool = False,
+    ):
+        super().__init__(log_z, learn_log_z)
+        if not 0 < charcnn_size < in_dim:
+            raise ValueError(
+                f"head.charcnn_size = {charcnn_size}: expected between 0 and the head's input size {in_dim} "
+                "(the rest of each output vector is the word's own vector)"
+            )
+        if max_chars < 1:
+            raise ValueError(f"head.charcnn_max_chars = {max_chars}: expected at least 1")
+        if not widths or any(not 0 < w <= max_chars + 2 for w in widths):
+            raise ValueError(
+                f"head.charcnn_widths = {widths}: expected filter widths between 1 and head.charcnn_max_chars + 2 = "
+                f"{max_chars + 2} (the characters and the word's begin and end markers)"
+            )
+        if charcnn_size % len(widths):
+            raise ValueError(
+                f"head.charcnn_size = {charcnn_size}: expected a multiple of the {len(widths)} filter widths "
+                "(one bank of equal size per width)"
+            )
+        if char_embedding_size < 1:
+            raise ValueError(f"head.char_embedding_size = {char_embedding_size}: expected at least 1")
+        self.vocab_size = len(words)
+        self.in_dim = in_dim
+        # sorted, so the same words give the same ids and a saved model's char_ids are rebuilt identically
+        inventory = {c: i for i, c in enumerate(sorted({c for w in words for c in w}), start=EOW + 1)}
+        char_ids = torch.full((len(words), max_chars + 2), PAD, dtype=torch.long)
+        for row, word in zip(char_ids, words, strict=True):
+            spelled = [BOW, *(inventory[c] for c in word[:max_chars]), EOW]
+            row[: len(spelled)] = torch.tensor(spelled)
+        self.register_buffer("char_ids", char_ids)  # [V, max_chars + 2]
+        bound = 1 / math.sqrt(in_dim)  # nn.Linear's default, for model.init_range = 0
+        self.word_vectors = nn.Parameter(torch.empty(len(words), in_dim - charcnn_size).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(len(words)).uniform_(-bound, bound))
+        self.char_embedding = nn.Embedding(len(inventory) + EOW + 1, char_embedding_size, padding_idx=PAD)
+        self.convs = nn.ModuleList(nn.Conv1d(char_embedding_size, charcnn_size // len(widths), w) for w in widths)
+
+    def char_vectors(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """``[S, charcnn_size]`` spelling vectors of ``[S, max_chars + 2]`` character ids.
+
+        Padding never counts: its embeddings are zeroed here (the model's uniform initialisation overwrites the
+        padding row too), and each filter's max runs over the windows that lie within the word and its markers. A
+        word shorter than a filter (a width above its length + 2) keeps the first window only, which then sees the
+        whole word zero-padded on the right, as Conv1d's own padding would. tanh after the max (the same as before
+        it, being monotonic): bounded like the uniformly initialised word vectors it is concatenated with, where a
+        ReLU would let a few filters dominate the scores, and would give a filter negative on every word no gradient.
+        """
+        real = char_ids != PAD
+        embedded = (self.char_embedding(char_ids) * real.unsqueeze(2)).transpose(1, 2)  # [S, E, P]
+        length = real.sum(1, keepdim=True)  # the word and its markers
+        pooled = []
+        for conv in self.convs:
+            width = conv.kernel_size[0]
+            out = conv(embedded)  # [S, F, P - width + 1]
+            last = (length - width).clamp(min=0)  # the last window start to keep
+            inside = torch.arange(out.shape[2], device=out.device) <= last  # [S, P - width + 1]
+            pooled.append(out.masked_fill(~inside.unsqueeze(1), float("-inf")).amax(2))
+        return torch.tanh(torch.cat(pooled, dim=1))
+
+    def output_matrix(self) -> torch.Tensor:
+        """The ``[V, D]`` output vectors of the whole vocabulary."""
+        chars = torch.cat([self.char_vectors(chunk) for chunk in self.char_ids.split(CHUNK)])
+        return torch.cat([self.word_vectors, chars], dim=1)
+
+    def output_vectors(self, ids):
+        # sampled objectives ask for targets and samples, frequent words many times over: one CNN pass per word
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        chars = self.char_vectors(self.char_ids.index_select(0, unique)).index_select(0, inverse)
+        vectors = torch.cat([self.word_vectors.index_select(0, ids), chars], dim=1)
+        return vectors, self.bias.index_select(0, ids)
+
+    def output_bias(self):
+        return self.bias
+
+    def logits(self, hidden):
+        return nn.functional.linear(hidden, self.output_matrix(), self.bias)
+
+    @torch.no_grad()
+    def frozen(self) -> FullSoftmax:
+        """The head as served: the output matrix computed once into a full softmax with the same scores, so that
+        the exported graph holds a [V, D] matrix and no CNN (Labeau ch. 5 precomputes it for inference alike)."""
+        head = FullSoftmax(self.in_dim, self.vocab_size, float(self.log_z), learn_log_z=False)
+        head = head.to(device=self.bias.device, dtype=self.bias.dtype)
+        head.linear.weight.copy_(self.output_matrix())
+        head.linear.bias.copy_(self.bias)
+        return head.requires_grad_(False)
