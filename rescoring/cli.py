@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (BundleError, NgramError, ValueError, FileNotFoundError) as e:
+    except (BundleError, NgramError, ValueError, OSError) as e:  # OSError: files, and lm-serve with --server
         print(f"lm-rescore: error: {e}", file=sys.stderr)
         return 2
 

@@ -9,7 +9,8 @@ events (the neural vocabulary plus ``</s>``), so its perplexity is a true perple
 one per word and one for ``</s>``.
 
 Cache file (JSONL): a header line ``{"format": "lmserve-lmscores", "format_version": 1, "key": {...}}`` where the key
-fingerprints the lists' texts, the bundle's files, the n-gram file and the normaliser; then one line per entry:
+fingerprints the lists' texts, the bundle's files, the n-gram file and the normaliser (or the lm-serve model the scores
+came from); then one line per entry:
 ``{"id", "hypotheses": [{"neural": [...], "ngram": [...], "oov": n}]}``. A cache whose key differs is recomputed.
 """
 
@@ -52,16 +53,21 @@ class HypothesisScores:
         return np.logaddexp(np.log(lam) + self.neural, np.log1p(-lam) + self.ngram)
 
 
-def cache_key(
-    nbest: NBestList, scorer: Scorer | None, ngram: NgramLM | None, normalizer: TextNormalizer
-) -> dict[str, str | None]:
+def texts_fingerprint(nbest: NBestList) -> str:
+    """The sha256 of the lists' ids and hypothesis texts: half of every cache key."""
     texts = hashlib.sha256()
     for entry in nbest:
         texts.update(entry.id.encode() + b"\0")
         for hyp in entry.hypotheses:
             texts.update(hyp.text.encode() + b"\n")
+    return texts.hexdigest()
+
+
+def cache_key(
+    nbest: NBestList, scorer: Scorer | None, ngram: NgramLM | None, normalizer: TextNormalizer
+) -> dict[str, str | None]:
     return {
-        "texts": texts.hexdigest(),
+        "texts": texts_fingerprint(nbest),
         "neural": None if scorer is None else json.dumps(scorer.bundle.manifest["files"], sort_keys=True),
         "ngram": None if ngram is None else ngram.fingerprint,
         "normalizer": json.dumps(normalizer.to_dict(), sort_keys=True),
@@ -145,20 +151,17 @@ def ngram_view(normalizer: TextNormalizer, vocab: Collection[str] | None = None)
 
 def load_or_compute(
     cache: Path | None,
+    key: dict,
     nbest: NBestList,
-    scorer: Scorer | None,
-    ngram: NgramLM | None,
-    normalizer: TextNormalizer,
-    progress: bool = False,
+    compute_scores: Callable[[], list[list[HypothesisScores]]],
 ) -> list[list[HypothesisScores]]:
-    """The cached scores when ``cache`` holds them for exactly these lists, models and normaliser; else compute and
-    (with ``cache``) write them."""
-    key = cache_key(nbest, scorer, ngram, normalizer)
+    """The cached scores when ``cache`` holds them under ``key`` (the lists' texts and where the scores come
+    from); else ``compute_scores()``, written to ``cache`` when given."""
     if cache is not None and cache.exists():
         cached = read_cache(cache, key)
         if cached is not None:
             return cached
-    scores = compute(nbest, scorer, ngram, normalizer, progress=progress)
+    scores = compute_scores()
     if cache is not None:
         write_cache(cache, key, nbest, scores)
     return scores

@@ -18,7 +18,7 @@ import numpy as np
 
 from rescoring import metrics
 from rescoring.features import feature_matrices, parse_definition
-from rescoring.lmscores import load_or_compute
+from rescoring.lmscores import cache_key, compute, load_or_compute
 from rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from rescoring.ngram import NgramLM
 from rescoring.scorer import Scorer
@@ -59,10 +59,20 @@ class LanguageModels:
             },
         )
 
+    @property
+    def available(self) -> bool:
+        return self.scorer is not None or self.ngram is not None
+
     def scores(self, nbest: NBestList, cache: Path | None = None, progress: bool = False):
-        if self.scorer is None and self.ngram is None:
+        """Per-token scores of every hypothesis (``rescoring.lmscores``), None without models. The rescoring job
+        asks nothing else of its LMs, which is what lets ``lm-rescore --server`` put a running lm-serve in their
+        place (``server.remote.RemoteLanguageModels``: ``available``, ``scores`` and ``paths`` alike)."""
+        if not self.available:
             return None
-        return load_or_compute(cache, nbest, self.scorer, self.ngram, self.normalizer, progress=progress)
+        key = cache_key(nbest, self.scorer, self.ngram, self.normalizer)
+        return load_or_compute(
+            cache, key, nbest, lambda: compute(nbest, self.scorer, self.ngram, self.normalizer, progress=progress)
+        )
 
 
 @dataclass

@@ -6,6 +6,10 @@
 
 ``tune`` reads only the dev list (and the models); ``nbest`` applies the weights file, which names the models,
 normalisation, definitions and λ it was tuned with, to any other list.
+
+With ``--server HOST:PORT`` (and ``--server-model NAME``) both take their LM scores from a running ``lm-serve``
+instead of loading models: ``server.remote``, imported only then, is the one path from ``rescoring`` into
+``server/`` (DESIGN.md), so the engine never needs gRPC.
 """
 
 from __future__ import annotations
@@ -68,6 +72,29 @@ def _model_arguments(parser: argparse.ArgumentParser, from_weights: bool = False
     parser.add_argument("--lm", help=f"neural LM bundle{default}")
     parser.add_argument("--ngram", help=f"n-gram model, ARPA or KenLM binary{default}")
     parser.add_argument("--normalize", choices=sorted(PRESETS), help=f"text normalisation preset for the LMs{default}")
+    parser.add_argument("--server", metavar="HOST:PORT", help=f"score with a running lm-serve instead{default}")
+    parser.add_argument("--server-model", help=f"the served model (default: the server's default){default}")
+    parser.add_argument("--server-ca", type=Path, help="PEM file of the CA of a TLS server (implies TLS)")
+
+
+def _language_models(args, saved: dict):
+    """Models loaded here, or a running lm-serve's (``--server``, or the server the weights were tuned with)."""
+    local = [name for name in ("lm", "ngram", "normalize") if getattr(args, name)]
+    server = args.server or (None if local else saved.get("server"))
+    if server is None:
+        return LanguageModels.load(
+            args.lm or saved.get("lm"),
+            args.ngram or saved.get("ngram"),
+            args.normalize or saved.get("normalize"),
+            args.threads,
+        )
+    if local:
+        raise ValueError(f"--server scores with the served model's LMs and text settings: leave out --{local[0]}")
+    from server.client import LMServeClient
+    from server.remote import RemoteLanguageModels
+
+    client = LMServeClient(server, timeout=600, ca=args.server_ca, tls=args.server_ca is not None)
+    return RemoteLanguageModels(client, args.server_model or saved.get("model", ""))
 
 
 def _cache_path(args) -> Path:
@@ -77,11 +104,10 @@ def _cache_path(args) -> Path:
 def run_tune(args) -> int:
     start = time.perf_counter()
     nbest = read_nbest(args.list, args.format, args.references)
-    models = LanguageModels.load(args.lm, args.ngram, args.normalize, args.threads)
+    models = _language_models(args, {})
     setup = Setup.parse(args.features, args.define)
     lambdas = [float(x) for x in args.lambdas.split(",")]
-    have_lms = models.scorer is not None or models.ngram is not None
-    check_features(nbest, setup.features, setup.definitions, lambdas[0], have_lms)  # before the models run
+    check_features(nbest, setup.features, setup.definitions, lambdas[0], models.available)  # before the models run
     lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
     methods = [m.strip() for m in args.methods.split(",")]
     tuned = tune_setup(
@@ -112,12 +138,7 @@ def run_nbest(args) -> int:
     saved = record.get("setup", {})
     setup = setup_from_record(record)
     nbest = read_nbest(args.list, args.format, args.references)
-    models = LanguageModels.load(
-        args.lm or saved.get("lm"),
-        args.ngram or saved.get("ngram"),
-        args.normalize or saved.get("normalize"),
-        args.threads,
-    )
+    models = _language_models(args, saved)
     lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
     ranked, chosen = reranked(nbest, setup, lm_scores)
     write_nbest(ranked, args.out, args.out_format or args.format or detect_format(args.list))

@@ -10,7 +10,7 @@ from conftest import make_sentences
 
 from rescoring.cli import main as rescore_main
 from rescoring.features import feature_matrices, parse_definition
-from rescoring.lmscores import compute, load_or_compute
+from rescoring.lmscores import cache_key, compute, load_or_compute
 from rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
 from rescoring.ngram import NgramLM, build_ngram
 from rescoring.rescore import LanguageModels, Setup, report, reranked, tune
@@ -77,10 +77,14 @@ def test_lm_scores_share_tokens_interpolate_and_cache(bundles, ngram_model, tmp_
     assert np.all(mixed <= np.maximum(first.neural, first.ngram) + 1e-12)
     # the cache returns the same numbers without running the models, and is recomputed for other settings
     cache = tmp_path / "scores.jsonl"
-    written = load_or_compute(cache, nbest, models.scorer, models.ngram, models.normalizer)
-    again = load_or_compute(cache, nbest, None, models.ngram, models.normalizer)  # no neural LM: a different key
+    written = models.scores(nbest, cache)
+
+    def must_not_run():
+        raise AssertionError("the cache holds these scores")
+
+    read = load_or_compute(cache, cache_key(nbest, models.scorer, models.ngram, models.normalizer), nbest, must_not_run)
+    again = LanguageModels(None, models.ngram, models.normalizer).scores(nbest, cache)  # no neural LM: another key
     assert again[0][0].neural is None
-    read = load_or_compute(cache, nbest, models.scorer, models.ngram, models.normalizer)
     for a, b in zip(written[0], read[0], strict=True):
         np.testing.assert_allclose(a.neural, b.neural, rtol=1e-6)
         np.testing.assert_allclose(a.ngram, b.ngram, rtol=1e-6)

@@ -20,6 +20,7 @@ import pytest
 from conftest import ROOT, make_sentences
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from rescoring.cli import main as rescore_main
 from rescoring.lmscores import in_vocabulary
 from rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
 from rescoring.ngram import NgramLM, build_ngram
@@ -385,6 +386,53 @@ def test_client_cli(server, client, tmp_path, monkeypatch, capsys):
     assert serve_main([*target, "models"]) == 0
     assert [m["name"] for m in json.loads(capsys.readouterr().out)["models"]] == ["exact", "selfnorm"]
     assert serve_main([*target, "info", "nope"]) == 1
+    assert "NOT_FOUND: unknown model 'nope'" in capsys.readouterr().err
+
+
+def test_lm_rescore_with_server_scores_as_the_loaded_models_do(server, setup_dir, tmp_path, capsys):
+    """``lm-rescore --server``: the service's per-token scores equal the ones of the same models loaded here, and a
+    weights file tuned through the server sends ``nbest`` back to it. 120 hypotheses against the server's limit of
+    20 sentences per call: the client splits its requests."""
+    dev, test = tmp_path / "dev.jsonl", tmp_path / "test.jsonl"
+    write_nbest(noisy_lists(30, 21), dev, "jsonl")
+    write_nbest(noisy_lists(10, 22), test, "jsonl")
+    tune_args = ["tune", str(dev), "--metric", "wer", "--features", "am,neural,ngram,interp,length", "--fixed", "am"]
+    tune_args += ["--lambdas", str(LAMBDA), "--restarts", "1", "--quiet"]
+    exact = ["--lm", str(read_weights(setup_dir / "dev.weights.json")["setup"]["lm"]), "--ngram"]
+    exact.append(str(setup_dir / "train3.bin"))
+    served = ["--server", server[0], "--server-model", "exact"]
+    for name, models in (("local", exact), ("remote", served)):
+        out = ["--out", str(tmp_path / f"{name}.weights.json"), "--cache", str(tmp_path / f"{name}.lmscores.jsonl")]
+        assert rescore_main([*tune_args, *models, *out]) == 0
+    capsys.readouterr()
+
+    def cached(name):
+        lines = (tmp_path / f"{name}.lmscores.jsonl").read_text().splitlines()[1:]
+        return [h for line in lines for h in json.loads(line)["hypotheses"]]
+
+    local, remote = cached("local"), cached("remote")
+    assert len(remote) == 120
+    for a, b in zip(local, remote, strict=True):
+        assert a["oov"] == b["oov"]
+        np.testing.assert_allclose(a["neural"], b["neural"], atol=1e-4)
+        np.testing.assert_allclose(a["ngram"], b["ngram"], atol=1e-5)
+    setup = read_weights(tmp_path / "remote.weights.json")["setup"]
+    assert setup["server"] == server[0] and setup["model"] == "exact"
+
+    weights = ["--weights", str(tmp_path / "remote.weights.json")]
+    chosen = {}
+    for name, models in (("remote", []), ("local", exact)):  # the weights file names the server; --lm overrides it
+        out = tmp_path / f"test.{name}.jsonl"
+        assert rescore_main(["nbest", str(test), *weights, *models, "--out", str(out), "--quiet"]) == 0
+        chosen[name] = [entry.hypotheses[0].text for entry in read_nbest(out)]
+    assert chosen["remote"] == chosen["local"]
+    capsys.readouterr()
+
+    assert rescore_main(["nbest", str(test), *weights, *served, "--ngram", "x.bin", "--out", str(tmp_path / "x")]) == 2
+    assert "leave out --ngram" in capsys.readouterr().err
+    assert (
+        rescore_main([*tune_args, "--server", server[0], "--server-model", "nope", "--out", str(tmp_path / "x")]) == 2
+    )
     assert "NOT_FOUND: unknown model 'nope'" in capsys.readouterr().err
 
 
