@@ -1,11 +1,15 @@
 """Heads x objectives on one corpus, trained alike -> <table>_<set>.json (objectives_ptb.json, beta_nce_ptb.json, ...)
 
-    python -m benchmarks.objectives ptb --jobs 2 [--tables objectives,beta_nce]
+    python -m benchmarks.objectives ptb --jobs 2 [--tables objectives,beta_nce] [--speed]
 
 The rows are in configs/<set>_objectives.rows.toml: each trains configs/<set>_objectives.toml with its overrides in
 its own one-thread ``lm-train fit`` process, ``--jobs`` at a time, resumably. Evaluation is the trainer's exact one
 (full normalisation) for every row. A table's result file is rewritten each time one of its rows finishes, so a
 sweep cut short leaves the rows it has, with ``complete: false``.
+
+Each run's own tokens/s (``run_tokens_per_s``) depends on what ran beside it. With ``--speed``, once the runs are
+done, every row's training step is also timed side by side on the same batches (benchmarks.training_speed), and
+``tokens_per_s`` is that figure; without it, ``tokens_per_s`` is the run's.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.common import ROOT, write_result
 from benchmarks.train_run import fit_in_subprocess
+from benchmarks.training_speed import training_tokens_per_s
 from training.config import config_from_dict
 from training.objectives import self_normalised
 from training.vocab import Vocabulary
@@ -40,6 +45,7 @@ def result_row(name: str, run_dir: Path, results: dict) -> dict:
         "test_ppl": test["ppl"],
         "valid_ppl": results["valid"]["ppl"],
         "tokens_per_s": results["tokens_per_s"],
+        "run_tokens_per_s": results["tokens_per_s"],
         "logz_mean": test["logz_mean"],
         "logz_std": test["logz_std"],
         # what the bundle manifest will say: target_logprob exactly normalised, or self-normalised
@@ -70,6 +76,7 @@ def main() -> None:
     parser.add_argument("set", help="corpus: configs/<set>_objectives.toml and .rows.toml")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--tables", default="", help="comma-separated tables of the rows file (default: all)")
+    parser.add_argument("--speed", action="store_true", help="then time every row's training step side by side")
     args = parser.parse_args()
     config = ROOT / "configs" / f"{args.set}_objectives.toml"
     rows_file = config.with_suffix(".rows.toml")
@@ -89,6 +96,10 @@ def main() -> None:
     failed: list[str] = []
     base = None
 
+    def rows_of(overrides: tuple) -> list[tuple[str, str]]:
+        """(table, row) of every row that the run with these overrides stands for."""
+        return [(t, name) for t, rows in tables.items() for name, row in rows.items() if tuple(row["set"]) == overrides]
+
     def train(overrides: tuple, run_name: str) -> tuple[tuple, Path, dict]:
         run_dir = ROOT / "var" / "runs" / f"{args.set}_objectives" / run_name
         return overrides, run_dir, fit_in_subprocess(config, run_dir, list(overrides))
@@ -104,20 +115,33 @@ def main() -> None:
                 continue
             if overrides == reference_set:
                 base = result_row(reference, run_dir, results)
-            for table, rows in tables.items():
-                for name, row in rows.items():
-                    if tuple(row["set"]) == overrides:
-                        done[table][name] = result_row(name, run_dir, results)
-                ordered = {name: done[table][name] for name in rows if name in done[table]}
-                write_result(
-                    f"{table}_{args.set}",
-                    {**table_metrics(ordered, rows, base), "failed_runs": failed},
-                    complete=len(ordered) == len(rows),
-                    reference=reference,
-                    rows=list(ordered.values()),
-                    config=str(config.relative_to(ROOT)),
-                    rows_file=str(rows_file.relative_to(ROOT)),
-                )
+            for table, name in rows_of(overrides):
+                done[table][name] = result_row(name, run_dir, results)
+            write_tables(args.set, tables, done, base, failed, reference, config, rows_file)
+
+    if args.speed:
+        speed = training_tokens_per_s(config, {name: list(overrides) for overrides, name in runs.items()})
+        for overrides, run_name in runs.items():
+            for table, name in rows_of(overrides):
+                if name in done[table]:
+                    done[table][name]["tokens_per_s"] = speed[run_name]
+        write_tables(args.set, tables, done, base, failed, reference, config, rows_file, speed="interleaved")
+
+
+def write_tables(corpus, tables, done, base, failed, reference, config, rows_file, speed="runs") -> None:
+    for table, rows in tables.items():
+        ordered = {name: done[table][name] for name in rows if name in done[table]}
+        write_result(
+            f"{table}_{corpus}",
+            {**table_metrics(ordered, rows, base), "failed_runs": failed},
+            complete=len(ordered) == len(rows),
+            reference=reference,
+            # runs: each run's own tokens/s; interleaved: every row's step timed side by side afterwards
+            tokens_per_s=speed,
+            rows=list(ordered.values()),
+            config=str(config.relative_to(ROOT)),
+            rows_file=str(rows_file.relative_to(ROOT)),
+        )
 
 
 if __name__ == "__main__":
