@@ -163,6 +163,19 @@ def test_log_z_shifts_scores_not_probabilities():
     assert set(FullSoftmax(D, V, log_z=9.0).state_dict()) == {"linear.weight", "linear.bias"}  # as before
 
 
+def test_a_learned_log_z_gets_the_mean_gradient_of_the_positions_in_training():
+    head = FullSoftmax(D, V, log_z=2.0, learn_log_z=True)
+    hidden = torch.randn(N, D)
+    eval_scores = head.eval().scores(hidden)
+    scores = head.train().scores(hidden)
+    torch.testing.assert_close(scores, eval_scores)  # the same values
+    scores.sum().backward()
+    assert head.log_z_offset.grad.item() == pytest.approx(-V)  # each row's -V, averaged over the N rows
+    head.zero_grad()
+    head.eval().scores(hidden).sum().backward()
+    assert head.log_z_offset.grad.item() == pytest.approx(-N * V)  # outside training: the plain sum
+
+
 def test_uniform_bias_init_keeps_biases_but_hands_over_the_prior():
     head = build_head(HeadConfig(type="full"), D, V)
     before = head.linear.bias.clone()
