@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--tables", default="", help="comma-separated tables of the rows file (default: all)")
     parser.add_argument("--speed", action="store_true", help="then time every row's training step side by side")
+    parser.add_argument("--speed-steps", type=int, default=30, help="batches timed per row and round")
+    parser.add_argument("--speed-rounds", type=int, default=3)
     args = parser.parse_args()
     config = ROOT / "configs" / f"{args.set}_objectives.toml"
     rows_file = config.with_suffix(".rows.toml")
@@ -120,7 +122,12 @@ def main() -> None:
             write_tables(args.set, tables, done, base, failed, reference, config, rows_file)
 
     if args.speed:
-        speed = training_tokens_per_s(config, {name: list(overrides) for overrides, name in runs.items()})
+        speed = training_tokens_per_s(
+            config,
+            {name: list(overrides) for overrides, name in runs.items()},
+            steps=args.speed_steps,
+            rounds=args.speed_rounds,
+        )
         for overrides, run_name in runs.items():
             for table, name in rows_of(overrides):
                 if name in done[table]:
