@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("set", help="corpus: configs/<set>_objectives.toml and .rows.toml")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--tables", default="", help="comma-separated tables of the rows file (default: all)")
+    parser.add_argument("--no-train", action="store_true", help="only gather the runs already finished")
     parser.add_argument("--speed", action="store_true", help="then time every row's training step side by side")
     parser.add_argument("--speed-steps", type=int, default=30, help="batches timed per row and round")
     parser.add_argument("--speed-rounds", type=int, default=3)
@@ -106,6 +107,12 @@ def main() -> None:
         run_dir = ROOT / "var" / "runs" / f"{args.set}_objectives" / run_name
         return overrides, run_dir, fit_in_subprocess(config, run_dir, list(overrides))
 
+    if args.no_train:
+        runs = {
+            o: n
+            for o, n in runs.items()
+            if (ROOT / "var" / "runs" / f"{args.set}_objectives" / n / "results.json").exists()
+        }
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(train, overrides, name): name for overrides, name in runs.items()}
         for future in as_completed(futures):  # the results are gathered here, in this one thread
