@@ -103,29 +103,27 @@ def main() -> None:
         """(table, row) of every row that the run with these overrides stands for."""
         return [(t, name) for t, rows in tables.items() for name, row in rows.items() if tuple(row["set"]) == overrides]
 
+    def run_dir(run_name: str) -> Path:
+        return ROOT / "var" / "runs" / f"{args.set}_objectives" / run_name
+
     def train(overrides: tuple, run_name: str) -> tuple[tuple, Path, dict]:
-        run_dir = ROOT / "var" / "runs" / f"{args.set}_objectives" / run_name
-        return overrides, run_dir, fit_in_subprocess(config, run_dir, list(overrides))
+        return overrides, run_dir(run_name), fit_in_subprocess(config, run_dir(run_name), list(overrides))
 
     if args.no_train:
-        runs = {
-            o: n
-            for o, n in runs.items()
-            if (ROOT / "var" / "runs" / f"{args.set}_objectives" / n / "results.json").exists()
-        }
+        runs = {o: name for o, name in runs.items() if (run_dir(name) / "results.json").exists()}
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(train, overrides, name): name for overrides, name in runs.items()}
         for future in as_completed(futures):  # the results are gathered here, in this one thread
             try:
-                overrides, run_dir, results = future.result()
+                overrides, directory, results = future.result()
             except subprocess.CalledProcessError as error:
                 failed.append(futures[future])
                 print(f"run {futures[future]} failed ({error}); its log is in var/logs/", file=sys.stderr)
                 continue
             if overrides == reference_set:
-                base = result_row(reference, run_dir, results)
+                base = result_row(reference, directory, results)
             for table, name in rows_of(overrides):
-                done[table][name] = result_row(name, run_dir, results)
+                done[table][name] = result_row(name, directory, results)
             write_tables(args.set, tables, done, base, failed, reference, config, rows_file)
 
     if args.speed:
