@@ -89,12 +89,15 @@ def main() -> None:
     if not tables:
         parser.error(f"--tables {args.tables!r}: {rows_file} has {', '.join(spec)}")
 
-    # one run per distinct override list, named after the first row that asks for it; the reference row first
+    # one run per distinct override list, named after the first row of the whole file that asks for it (so that
+    # --tables does not rename runs); the reference row first
     reference_set = next(tuple(rows[reference]["set"]) for rows in spec.values() if reference in rows)
-    runs: dict[tuple, str] = {reference_set: reference}
-    for rows in tables.values():
+    names: dict[tuple, str] = {reference_set: reference}
+    for rows in spec.values():
         for name, row in rows.items():
-            runs.setdefault(tuple(row["set"]), name)
+            names.setdefault(tuple(row["set"]), name)
+    wanted = {reference_set} | {tuple(row["set"]) for rows in tables.values() for row in rows.values()}
+    runs = {overrides: name for overrides, name in names.items() if overrides in wanted}
     done: dict[str, dict] = {table: {} for table in tables}
     failed: list[str] = []
     base = None
