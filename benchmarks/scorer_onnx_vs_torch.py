@@ -19,7 +19,8 @@ import torch
 from benchmarks.common import ROOT, ensure_bundle, ptb_sentences, time_interleaved, write_result
 from rescoring.scorer import Scorer
 from training.checkpoint import load_model_for_eval
-from training.export import SentencesGraph, is_self_normalised
+from training.export import SentencesGraph
+from training.objectives import self_normalised
 
 MODELS = {"exact": "var/runs/ptb_small_sentence", "selfnorm": "var/runs/ptb_selfnorm_a0.1_g1"}
 
@@ -37,7 +38,7 @@ def torch_arrays(batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, to
 
 def measure(run: str, sentences: list[str], threads: int, rounds: int) -> dict[str, float]:
     cfg, _, model = load_model_for_eval(ROOT / run)
-    graph = SentencesGraph(model.eval(), is_self_normalised(cfg))
+    graph = SentencesGraph(model.eval(), self_normalised(cfg))
     scorer = Scorer(ensure_bundle(ROOT / run, ROOT / "var" / "bundles" / (ROOT / run).name), threads=threads)
     ids = [scorer.encode(s)[1] for s in sentences]
     tokens = sum(len(x) + 1 for x in ids)

@@ -204,7 +204,7 @@ def test_sampled_objectives_work_on_slim_heads_and_refuse_others():
     assert slim.table.pools.grad.abs().sum() > 0 and slim.log_z_offset.grad is not None
     adaptive = AdaptiveSoftmax(D, V, cutoffs=[10])
     adaptive.init_bias(zipf_prior())
-    with pytest.raises(ValueError, match="objective.type = nce .* head.type = full, slim or charcnn"):
+    with pytest.raises(ValueError, match="objective.type = nce .* head.type = full or slim or charcnn"):
         NCE(samples=3)(adaptive, hidden, torch.zeros(N, dtype=torch.long))
     with pytest.raises(ValueError, match='head.bias_init = "unigram"'):
         NCE(samples=3)(FullSoftmax(D, V), hidden, torch.zeros(N, dtype=torch.long))
@@ -222,7 +222,7 @@ def test_sampled_settings_are_validated_with_their_keys():
 
 
 def test_config_refuses_combinations_that_cannot_work():
-    with pytest.raises(ConfigError, match="needs head.type = full, slim or charcnn, got tree"):
+    with pytest.raises(ConfigError, match="needs head.type = full or slim or charcnn, got tree"):
         config_from_dict({"head": {"type": "tree", "bias_init": "unigram"}, "objective": {"type": "nce"}})
     # every head gets the unigram from the trainer, so these need no bias setting
     for head, objective in (("full", "blackout"), ("class", "cross_entropy"), ("tree", "cross_entropy")):

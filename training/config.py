@@ -154,8 +154,9 @@ class Config:
         return dataclasses.asdict(self)
 
 
-# objectives that train a linear head from a sample of words (training/objectives/sampled.py)
+# objectives that train a linear head from a sample of words (training/objectives/sampled.py), and those heads
 SAMPLED_OBJECTIVES = ("importance_sampling", "nce", "negative_sampling", "blackout", "beta_nce")
+LINEAR_HEADS = ("full", "slim", "charcnn")
 
 _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),
@@ -235,10 +236,10 @@ def config_from_dict(raw: dict, source: str = "<config>") -> Config:
 def _check_head_and_objective(config: Config, source: str) -> None:
     """Combinations that cannot work, caught before a run starts."""
     head, objective = config.head, config.objective
-    if objective.type in SAMPLED_OBJECTIVES and head.type not in ("full", "slim", "charcnn"):
+    if objective.type in SAMPLED_OBJECTIVES and head.type not in LINEAR_HEADS:
         raise ConfigError(
             f"{source}: objective.type = {objective.type} scores a sample of words by dot products: it needs "
-            f"head.type = full, slim or charcnn, got {head.type}"
+            f"head.type = {' or '.join(LINEAR_HEADS)}, got {head.type}"
         )
 
 

@@ -35,13 +35,14 @@ def flatten(hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Ten
 def evaluate(model: LSTMLM, batcher, unk_id: int) -> EvalResult:
     was_training = model.training
     model.eval()
+    head = model.head.frozen()  # a char-CNN head's matrix computed once, not at every batch
     nll = nll_oov = logz_sum = logz_sq = 0.0
     tokens = oov = 0
     state = None
     for batch in batcher.batches():
         hidden, state = model(batch.inputs, state if batcher.carries_state else None)
         h, targets = flatten(hidden, batch)
-        score, log_norms = model.head.target_terms(h, targets)
+        score, log_norms = head.target_terms(h, targets)
         log_z = log_norms.sum(-1).double()
         neg_logprob = log_z - score.double()
         is_oov = targets == unk_id

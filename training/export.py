@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from training import objectives
 from training.atomic import atomic_directory
 from training.batching import SentenceBatches
 from training.checkpoint import load_model_for_eval, resolve_checkpoint
@@ -27,17 +28,11 @@ from training.corpus import encode_file, file_fingerprint
 from training.evaluate import evaluate
 from training.heads.base import per_candidate
 from training.model import LSTMLM
-from training.objectives import self_normalised
 
 FORMAT_VERSION = 2  # rescoring/bundle.py documents and reads this version
 OPSET = 17
 # Exact fp32 graphs must reproduce PyTorch to this per-token tolerance, or export fails.
 PARITY_TOLERANCE = 1e-4
-
-
-def is_self_normalised(cfg) -> bool:
-    """Decided by head and objective together (training.objectives.self_normalised)."""
-    return self_normalised(cfg)
 
 
 class SentencesGraph(nn.Module):
@@ -184,7 +179,7 @@ def export_bundle(
     cfg, vocab, model = load_model_for_eval(ckpt)
     model.eval()
     model.head = model.head.frozen()
-    self_normalised = is_self_normalised(cfg)
+    self_normalised = objectives.self_normalised(cfg)  # decided by head and objective together
     heldout = heldout or expand_data_path(cfg.data.valid)
     corpus = encode_file(heldout, vocab, cfg.data.lowercase)
     batches = SentenceBatches(corpus, vocab.bos_id, vocab.eos_id, cfg.train.eval_batch_size, shuffle=False)

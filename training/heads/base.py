@@ -71,8 +71,8 @@ class Head(nn.Module, abc.ABC):
             self.set_prior_bias(self.log_prior)
 
     def frozen(self) -> Head:
-        """The head as exported: heads that compute their output vectors (charcnn) return a plain head holding
-        them, precomputed; the rest are served as they are."""
+        """The head as evaluated and exported: heads that compute their output vectors (charcnn) return a plain
+        head holding them, precomputed; the rest are used as they are."""
         return self
 
     def candidate_logprobs(self, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,10 @@ vector a sampled objective almost never updates, shares the filters with every w
 score moves with theirs (inflections, compounds, numbers). Labeau trained it with importance sampling and NCE: a
 sampled step runs the CNN over the targets and the samples only (~1,000 words), not the vocabulary.
 
-Costs: the whole-vocabulary scores (exact training, evaluation) run the CNN over all V spellings, O(V · max_chars ·
-char_embedding_size · charcnn_size) per call, on top of the [N, D] x [D, V] product. Serving does not: ``frozen()``
-precomputes the [V, D] output matrix into a plain full softmax, which is what export writes.
+Costs: the whole-vocabulary scores (exact training) run the CNN over all V spellings, O(V · max_chars ·
+char_embedding_size · charcnn_size) per call, on top of the [N, D] x [D, V] product. Evaluation and serving do not:
+``frozen()`` precomputes the [V, D] output matrix into a plain full softmax, once per evaluation, and that is what
+export writes.
 """
 
 from __future__ import annotations

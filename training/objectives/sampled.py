@@ -29,6 +29,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from training.config import LINEAR_HEADS
 from training.heads import Head, LinearHead
 from training.objectives.exact import ObjectiveOutput, SelfNormPenalty
 
@@ -112,8 +113,8 @@ class SampledObjective(abc.ABC):
     def __call__(self, head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> ObjectiveOutput:
         if not isinstance(head, LinearHead):
             raise ValueError(
-                f"objective.type = {self.name} scores a sample of words by dot products: it needs head.type = full, "
-                f"slim or charcnn, got {type(head).__name__}"
+                f"objective.type = {self.name} scores a sample of words by dot products: it needs head.type = "
+                f"{' or '.join(LINEAR_HEADS)}, got {type(head).__name__}"
             )
         noise = self.noise(head)
         ids = noise.sample(self.samples)
