@@ -2,7 +2,8 @@
 
     python -m benchmarks.objectives ptb --jobs 2 [--tables objectives,beta_nce] [--speed]
 
-The rows are in configs/<set>_objectives.rows.toml: each trains configs/<set>_objectives.toml with its overrides in
+The rows are in configs/<set>_objectives.rows.toml: each trains configs/<set>_objectives.toml (or the rows file's
+``config``, with its ``set`` overrides first) with its overrides in
 its own one-thread ``lm-train fit`` process, ``--jobs`` at a time, resumably. Evaluation is the trainer's exact one
 (full normalisation) for every row. A table's result file is rewritten each time one of its rows finishes, so a
 sweep cut short leaves the rows it has, with ``complete: false``.
@@ -81,10 +82,12 @@ def main() -> None:
     parser.add_argument("--speed-steps", type=int, default=30, help="batches timed per row and round")
     parser.add_argument("--speed-rounds", type=int, default=3)
     args = parser.parse_args()
-    config = ROOT / "configs" / f"{args.set}_objectives.toml"
-    rows_file = config.with_suffix(".rows.toml")
+    rows_file = ROOT / "configs" / f"{args.set}_objectives.rows.toml"
     spec = tomllib.loads(rows_file.read_text())
     reference = spec.pop("reference")
+    # a rows file may train another set's config with overrides of its own for every row (a longer schedule)
+    config = ROOT / "configs" / spec.pop("config", f"{args.set}_objectives.toml")
+    common = spec.pop("set", [])
     tables = {name: rows for name, rows in spec.items() if not args.tables or name in args.tables.split(",")}
     if not tables:
         parser.error(f"--tables {args.tables!r}: {rows_file} has {', '.join(spec)}")
@@ -110,7 +113,7 @@ def main() -> None:
         return ROOT / "var" / "runs" / f"{args.set}_objectives" / run_name
 
     def train(overrides: tuple, run_name: str) -> tuple[tuple, Path, dict]:
-        return overrides, run_dir(run_name), fit_in_subprocess(config, run_dir(run_name), list(overrides))
+        return overrides, run_dir(run_name), fit_in_subprocess(config, run_dir(run_name), [*common, *overrides])
 
     if args.no_train:
         runs = {o: name for o, name in runs.items() if (run_dir(name) / "results.json").exists()}
@@ -132,7 +135,7 @@ def main() -> None:
     if args.speed:
         speed = training_tokens_per_s(
             config,
-            {name: list(overrides) for overrides, name in runs.items()},
+            {name: [*common, *overrides] for overrides, name in runs.items()},
             steps=args.speed_steps,
             rounds=args.speed_rounds,
         )

@@ -20,7 +20,7 @@ def fit_or_resume(config: str | Path, run_dir: Path, overrides: list[str] = ()) 
 
 
 def fit_in_subprocess(config: Path, run_dir: Path, overrides: list[str] = ()) -> dict:
-    """Like ``fit_or_resume``, in its own ``lm-train fit`` process on one thread, logging to var/logs/RUN.log.
+    """Like ``fit_or_resume``, in its own ``lm-train fit`` process on one thread, logging to var/logs/SWEEP-RUN.log.
 
     Sweeps run several of these at once (one per core); a finished run (its ``results.json`` is written last) is not
     trained again, so an interrupted sweep picks up where it stopped.
@@ -33,7 +33,7 @@ def fit_in_subprocess(config: Path, run_dir: Path, overrides: list[str] = ()) ->
             command = ["fit", str(config), "--out", str(run_dir), *sets]
         logs = ROOT / "var" / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        with (logs / f"{run_dir.name}.log").open("a") as log:
+        with (logs / f"{run_dir.parent.name}-{run_dir.name}.log").open("a") as log:
             subprocess.run(
                 [sys.executable, "-m", "training.cli", *command], check=True, stdout=log, stderr=log, cwd=ROOT
             )

@@ -391,17 +391,16 @@ class _PrefixForest:
         self.parent: list[int] = []
         self.depth: list[int] = []
 
-    def _node(self, token: int, parent: int) -> int:
-        self.token.append(token)
-        self.parent.append(parent)
-        self.depth.append(self.depth[parent] + 1 if parent >= 0 else 0)
-        return len(self.token) - 1
-
     def add_list(self, hypotheses: list[list[int]]) -> list[list[int]]:
         """A new tree from one list's hypotheses (ids ending with </s>); each hypothesis' path after the root.
 
-        In sorted order a hypothesis shares with the whole tree exactly what it shares with the one before it."""
-        root = self._node(BOS, -1)
+        In sorted order a hypothesis shares with the whole tree exactly what it shares with the one before it; the
+        rest of it becomes new consecutive nodes, each the parent of the next (appended a run at a time: this is
+        the scorer's Python hot spot)."""
+        root = len(self.token)
+        self.token.append(BOS)
+        self.parent.append(-1)
+        self.depth.append(0)
         paths: list[list[int]] = [[] for _ in hypotheses]
         previous: list[int] = []
         previous_path: list[int] = []
@@ -411,11 +410,13 @@ class _PrefixForest:
             limit = min(len(ids), len(previous))
             while shared < limit and ids[shared] == previous[shared]:
                 shared += 1
-            path = previous_path[:shared]
-            node = path[-1] if path else root
-            for token in ids[shared:]:
-                node = self._node(token, node)
-                path.append(node)
-            paths[i] = path
+            first = len(self.token)
+            new = range(first, first + len(ids) - shared)
+            if new:  # a duplicate of the hypothesis before it adds nothing
+                self.token.extend(ids[shared:])
+                self.parent.append(previous_path[shared - 1] if shared else root)
+                self.parent.extend(new[:-1])
+            self.depth.extend(range(shared + 1, len(ids) + 1))
+            paths[i] = path = previous_path[:shared] + list(new)
             previous, previous_path = ids, path
         return paths

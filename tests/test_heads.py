@@ -52,6 +52,20 @@ def test_candidate_logprobs_are_the_distribution_gathered(head):
     )
 
 
+def test_adaptive_candidates_share_their_rows_softmaxes():
+    """Rows whose candidates leave a cluster empty, fill one cluster several times, or all sit in the shortlist."""
+    head = HEADS["adaptive"]()
+    hidden = torch.randn(4, D)
+    candidates = torch.tensor([[1, 2, 3, 4], [9, 10, 11, 1], [41, 59, 45, 50], [0, 21, 41, 9]])
+    torch.testing.assert_close(
+        head.candidate_logprobs(hidden, candidates), head.log_probs(hidden).gather(1, candidates)
+    )
+    only_shortlist = candidates[:1].expand(4, 4)
+    torch.testing.assert_close(
+        head.candidate_logprobs(hidden, only_shortlist), head.log_probs(hidden).gather(1, only_shortlist)
+    )
+
+
 def test_adaptive_matches_pytorch_reference_implementation():
     """Same parameters as torch.nn.AdaptiveLogSoftmaxWithLoss (which has no biases): same distribution."""
     torch.manual_seed(1)

@@ -295,17 +295,20 @@ def test_sampled_objectives_train_through_the_loop(write_config, tmp_path, head,
     )  # uniform over the ~43 words is 43; exact CE gets 21
 
 
-def comparison_rows(corpus: str) -> dict[str, list[str]]:
-    """The rows of configs/<corpus>_objectives.rows.toml, all tables: name -> --set overrides."""
+def comparison_rows(corpus: str) -> tuple[Path, dict[str, list[str]]]:
+    """The config of configs/<corpus>_objectives.rows.toml and its rows, all tables: name -> --set overrides."""
     spec = tomllib.loads((ROOT / "configs" / f"{corpus}_objectives.rows.toml").read_text())
-    return {name: row["set"] for table in spec.values() if isinstance(table, dict) for name, row in table.items()}
+    config = ROOT / "configs" / spec.get("config", f"{corpus}_objectives.toml")
+    common = spec.get("set", [])
+    tables = [table for table in spec.values() if isinstance(table, dict)]
+    return config, {name: [*common, *row["set"]] for table in tables for name, row in table.items()}
 
 
-@pytest.mark.parametrize("corpus", ["ptb", "gutenberg"])
+@pytest.mark.parametrize("corpus", ["ptb", "ptb8", "gutenberg"])
 def test_every_comparison_row_builds_its_model_and_objective(tmp_path, corpus):
-    rows = comparison_rows(corpus)
+    config, rows = comparison_rows(corpus)
     assert {"full-ce", "class-ce", "tree-ce", "full-is", "full-nce"} <= set(rows)
-    vocab_size = 10_001 if corpus == "ptb" else 50_000
+    vocab_size = 50_000 if corpus == "gutenberg" else 10_001
     words = [f"w{i}" for i in range(vocab_size)]
     (tmp_path / "ckpt").mkdir()  # stands for the full-ce run whose embeddings the clustered tree splits
     save_file({"embedding.weight": torch.randn(vocab_size, 4)}, str(tmp_path / "ckpt" / "model.safetensors"))
@@ -314,7 +317,7 @@ def test_every_comparison_row_builds_its_model_and_objective(tmp_path, corpus):
             f"head.tree_embeddings={tmp_path / 'ckpt'}" if s.startswith("head.tree_embeddings=") else s
             for s in settings
         ]
-        cfg = load_config(ROOT / "configs" / f"{corpus}_objectives.toml", overrides)
+        cfg = load_config(config, overrides)
         model = LSTMLM(vocab_size, cfg.model, cfg.head, words)
         model.head.init_bias(zipf_prior(vocab_size))
         objective = build_objective(cfg.objective)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.heads.base import Head, per_candidate, rowwise_dot
+from training.heads.base import Head, rowwise_dot
 
 
 class AdaptiveSoftmax(Head):
@@ -72,8 +72,27 @@ class AdaptiveSoftmax(Head):
         return logprob
 
     def candidate_logprobs(self, hidden, candidates):
-        """Each candidate costs the head and its own cluster, less than the whole distribution for few candidates."""
-        return per_candidate(self.target_logprob, hidden, candidates)
+        """The head softmax once per row, and a cluster's softmax once per row with a candidate in it: less than
+        the whole distribution for few candidates, and a row's candidates share its softmaxes (scoring each on its
+        own repeated the head per candidate and made a decoder step cost 1.6x a token of a sentence)."""
+        batch, width = candidates.shape
+        flat = candidates.reshape(-1)
+        cluster = torch.bucketize(flat, self.bounds, right=True)
+        head_index = torch.where(cluster == 0, flat, self.shortlist + cluster - 1).reshape(batch, width)
+        logprob = torch.log_softmax(self.head(hidden), dim=-1).gather(1, head_index).reshape(-1)
+        row_of = torch.arange(batch).unsqueeze(1).expand(batch, width).reshape(-1)
+        for i, tail in enumerate(self.tails):
+            inside = (cluster == i + 1).long()
+            needed = inside.reshape(batch, width).sum(1) > 0
+            rows = torch.nonzero(needed).reshape(-1)
+            tail_logprob = torch.log_softmax(tail(hidden.index_select(0, rows)), dim=-1)  # [rows, cluster size]
+            slot = torch.cumsum(needed.long(), 0) - 1  # a row's place among ``rows``
+            pairs = torch.nonzero(inside).reshape(-1)
+            size = tail_logprob.shape[-1]
+            at = slot.index_select(0, row_of.index_select(0, pairs)) * size + flat.index_select(0, pairs) - self.bounds[i]
+            picked = tail_logprob.reshape(-1).index_select(0, at)
+            logprob = logprob + torch.zeros_like(logprob).scatter(0, pairs, picked)
+        return logprob.reshape(batch, width)
 
     def log_probs(self, hidden):
         head = torch.log_softmax(self.head(hidden), dim=-1)
