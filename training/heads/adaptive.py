@@ -89,7 +89,11 @@ class AdaptiveSoftmax(Head):
             slot = torch.cumsum(needed.long(), 0) - 1  # a row's place among ``rows``
             pairs = torch.nonzero(inside).reshape(-1)
             size = tail_logprob.shape[-1]
-            at = slot.index_select(0, row_of.index_select(0, pairs)) * size + flat.index_select(0, pairs) - self.bounds[i]
+            at = (
+                slot.index_select(0, row_of.index_select(0, pairs)) * size
+                + flat.index_select(0, pairs)
+                - self.bounds[i]
+            )
             picked = tail_logprob.reshape(-1).index_select(0, at)
             logprob = logprob + torch.zeros_like(logprob).scatter(0, pairs, picked)
         return logprob.reshape(batch, width)
