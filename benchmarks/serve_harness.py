@@ -18,7 +18,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from benchmarks.common import RESULTS, ROOT, ptb_sentences
+from benchmarks.common import RESULTS, ROOT, ensure_bundle, ptb_sentences
+from benchmarks.rescoring_models import GUTENBERG
 from rescoring.nbest import NBestEntry, read_nbest
 from rescoring.tune import read_weights
 from server import messages
@@ -27,6 +28,9 @@ from server.process import ServerProcess
 from training.config import DEFAULT_DATA_DIR
 
 BUNDLE = ROOT / "var" / "bundles" / "gutenberg_rescore"
+# the same model exported with --quantize int8: LibriSpeech dev_other WER unchanged (3.53% with the tuned weights,
+# every error count the same), the LM work of a call 1.7x faster
+BUNDLE_INT8 = ROOT / "var" / "bundles" / "gutenberg_rescore_int8"
 NGRAM = ROOT / "var" / "ngrams" / "gutenberg_4gram.bin"
 WEIGHTS = RESULTS / "rescore_librispeech_first_pass_plus_ours.weights.json"
 PROFILE = "dev_clean"  # the weights file was tuned on dev_clean; the load replays dev_other
@@ -71,9 +75,16 @@ def write_config(folder: Path, settings: ServerSettings, bundle: Path = BUNDLE) 
     return path
 
 
-def start_server(folder: Path, settings: ServerSettings, name: str = "server") -> ServerProcess:
+def served_bundle(precision: str) -> Path:
+    """The rescoring model's bundle as ``fp32`` or ``int8`` (exported on first use)."""
+    if precision == "fp32":
+        return ensure_bundle(GUTENBERG.run, BUNDLE)
+    return ensure_bundle(GUTENBERG.run, BUNDLE_INT8, quantize="int8", heldout=str(GUTENBERG.valid))
+
+
+def start_server(folder: Path, settings: ServerSettings, name: str = "server", bundle: Path = BUNDLE) -> ServerProcess:
     folder.mkdir(parents=True, exist_ok=True)
-    config = write_config(folder, settings)
+    config = write_config(folder, settings, bundle)
     return ServerProcess(config, folder / f"{name}.log", start_timeout=300)
 
 

@@ -39,9 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import write_result
+from benchmarks.common import ROOT, write_result
 from benchmarks.serve_harness import (
-    BUNDLE,
     INLINE_WEIGHTS,
     LAMBDA,
     NGRAM,
@@ -54,6 +53,7 @@ from benchmarks.serve_harness import (
     replicas_target,
     run_load,
     sentence_requests,
+    served_bundle,
     start_server,
 )
 from rescoring.lmscores import compute
@@ -65,10 +65,10 @@ from rescoring.tune import read_weights
 class Offline:
     """The server's work on lists without the server: ``threads`` threads sharing one scorer of 1 intra-op thread."""
 
-    def __init__(self, threads: int, lists_per_call: int = 64):
+    def __init__(self, threads: int, bundle: Path, lists_per_call: int = 64):
         self.threads = threads
         self.lists_per_call = lists_per_call
-        self.models = LanguageModels.load(BUNDLE, NGRAM, "librispeech", threads=1)
+        self.models = LanguageModels.load(bundle, NGRAM, "librispeech", threads=1)
         if WEIGHTS.exists():
             self.setup = setup_from_record(read_weights(WEIGHTS))
         else:
@@ -148,7 +148,11 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=ServerSettings.max_wait_ms)
     parser.add_argument("--max-batch-tokens", type=int, default=ServerSettings.max_batch_tokens)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of offline / batching on / batching off at 32")
+    parser.add_argument(
+        "--precision", choices=["int8", "fp32"], default="int8", help="the bundle served (and scored offline)"
+    )
     args = parser.parse_args()
+    bundle = served_bundle(args.precision)
     scale = 0.1 if args.quick else 1.0
     c1_lists = int(600 * scale)
     nbest_budget = {1: (c1_lists, 30 * scale), 8: (2000, 20 * scale)}
@@ -160,13 +164,15 @@ def main() -> None:
 
     lists = dev_other_lists()
     requests, sentences = nbest_requests(lists), sentence_requests()
-    offline = Offline(on_settings.workers)
+    offline = Offline(on_settings.workers, bundle)
     offline.work(lists[:4])  # first runs of the graphs
     replica_settings = ServerSettings(workers=1, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
     alone = offline.one_by_one_ms(lists[:c1_lists])  # the lists the concurrency-1 run sends
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         servers = {"on": on_settings, "off": off_settings, "r1": replica_settings, "r2": replica_settings}
-        on, off, *replicas = (stack.enter_context(start_server(Path(tmp) / n, c)) for n, c in servers.items())
+        on, off, *replicas = (
+            stack.enter_context(start_server(Path(tmp) / n, c, bundle=bundle)) for n, c in servers.items()
+        )
         targets = {"on": on.address, "off": off.address, "replicas": replicas_target(replicas)}
         nbest = levels(on.address, requests, "RescoreNBest", nbest_budget)
         for target in targets.values():
@@ -215,8 +221,10 @@ def main() -> None:
     if args.quick:
         return  # a check of the script: no result file
     write_result(
-        "serve_load",
+        "serve_load" if args.precision == "int8" else "serve_load_fp32",
         metrics,
+        bundle=str(bundle.relative_to(ROOT)),
+        precision=args.precision,
         server=on_settings.record(),
         threads="server: 2 scoring threads x 1 ONNX Runtime intra-op thread per scorer call; offline: the same",
         combination=combination(),
