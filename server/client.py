@@ -52,13 +52,16 @@ class LMServeClient:
         cert: str | Path | None = None,
         key: str | Path | None = None,
     ):
-        """``timeout``: the deadline of each call, in seconds (None: none). ``tls``: connect with TLS, which ``ca``,
+        """``target``: ``HOST:PORT``, or replicas as ``ipv4:HOST:PORT,HOST:PORT`` (or a DNS name with several
+        addresses): calls go round-robin over them (the service keeps no session, so any replica answers any call).
+        ``timeout``: the deadline of each call, in seconds (None: none). ``tls``: connect with TLS, which ``ca``,
         ``cert`` and ``key`` imply (see :func:`channel_credentials`)."""
         self.target = target
         self.timeout = timeout
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.lb_policy_name", "round_robin"),
         ]
         if tls or ca or cert or key:
             self.channel = grpc.secure_channel(target, channel_credentials(ca, cert, key), options=options)

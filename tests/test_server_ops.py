@@ -209,6 +209,25 @@ def test_sigterm_drains_the_calls_in_flight_and_refuses_new_ones(bundles, tmp_pa
     assert not logged_calls(server, "ScoreSentences")  # the late call never reached the service
 
 
+# -- replicas --------------------------------------------------------------------------------------------------
+
+
+def test_a_client_spreads_calls_over_replicas(bundles, tmp_path):
+    """One process per core is how lm-serve scales on CPython (its engine holds the GIL for part of each call): the
+    client's round-robin sends each call to the next replica, and the answers are the same wherever they come from."""
+    config = write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1])
+    with (
+        ServerProcess(config, tmp_path / "r1.log") as first,
+        ServerProcess(config, tmp_path / "r2.log") as second,
+        LMServeClient(f"ipv4:{first.address},{second.address}", timeout=30) as client,
+    ):
+        answers = {client.score_sentences(SENTENCES).sentences[0].neural.logprob for _ in range(20)}
+    served = [len(logged_calls(replica, "ScoreSentences")) for replica in (first, second)]  # whole logs, once stopped
+    assert len(answers) == 1
+    # strict turns once both connections are up; the first calls may all go to the one that was ready first
+    assert sum(served) == 20 and min(served) >= 5, served
+
+
 # -- TLS ---------------------------------------------------------------------------------------------------------
 
 
