@@ -47,7 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
 
     client = sub.add_parser("client", help="call a running server")
-    client.add_argument("--server", default=DEFAULT_TARGET, help="HOST:PORT (default: %(default)s)")
+    client.add_argument(
+        "--server",
+        default=DEFAULT_TARGET,
+        help="HOST:PORT, or ipv4:HOST:PORT,HOST:PORT for replicas (default: %(default)s)",
+    )
     client.add_argument("--timeout", type=float, default=60.0, help="deadline of each call in seconds")
     client.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
     client.add_argument("--tls-ca", type=Path, help="PEM file of the CA that signed the server certificate (TLS)")
