@@ -250,9 +250,10 @@ class Scorer:
         One ``step`` run per depth (up to ``max_batch_rows`` nodes), candidates padded to the depth's widest node.
         A padding candidate costs little beside the LSTM step with every head: full and adaptive softmax normalise
         once per row (adaptive: the head, and each cluster a candidate is in), so a pad is a gather; class, tree
-        and self-normalised heads spend per candidate a class, a path or a dot product. (Grouping nodes by child count, as this did while an adaptive step
-        scored every candidate through the whole head, ran 3x the graph calls: a 30-best list alone took 12.4 ms
-        at the median instead of 9.0, and concurrency 32 on the server gave 132 lists/s instead of 168.)
+        and self-normalised heads spend per candidate a class, a path or a dot product. (Grouping nodes by child
+        count, as this did while an adaptive step scored every candidate through the whole head, ran 3x the graph
+        calls: a 30-best list alone took 12.4 ms at the median instead of 9.0, and concurrency 32 on the server
+        gave 132 lists/s instead of 168.)
         """
         if not forest.token:
             return np.zeros(0, dtype=np.float32)
