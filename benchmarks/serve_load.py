@@ -1,6 +1,6 @@
-"""lm-serve under load, against the offline scorer and with micro-batching off -> serve_load.json
+"""lm-serve under load, against the offline scorer and with micro-batching off -> serve_load.json (serve_load_fp32.json)
 
-    python -m benchmarks.serve_load [--quick] [--rounds 3]
+    python -m benchmarks.serve_load [--quick] [--rounds 3] [--precision int8|fp32]
 
 The LibriSpeech rescoring model (Gutenberg 2x256 adaptive bundle, 4-gram, the weights tuned on dev_clean) served by
 ``lm-serve`` in a child process with 2 scoring threads of 1 ONNX Runtime thread each, on loopback; the load generator
@@ -14,8 +14,9 @@ between them (gRPC round-robin over one channel). The offline scorer is the same
 (``rescoring.lmscores.compute`` and the weights' choice) in this process, on as many threads as the server scores with
 (2, of 1 intra-op thread each), 64 lists per compute call (its default). Figures at 32 are medians over the rounds
 (latency percentiles over all their calls); ``c32_vs_offline`` and ``batching_speedup_c32`` are ratios of medians.
-The replicas show what one process leaves on the table: the engine holds the GIL for about a third of its time, so
-one server process uses about 1.6 of 2 cores.
+The replicas show what one process leaves on the table: its threads hold the GIL for much of each call (py-spy at
+concurrency 32: 60% of the time), so one server process uses about 1.4 of 2 cores. ``--precision`` picks the bundle
+served and scored offline: ``int8`` (default, the rescoring model as served) or ``fp32``.
 
 ``engine_alone_*``: the concurrency-1 lists scored one at a time in this process (compute and reranking, no gRPC),
 so that the service's own share of the concurrency-1 latency can be read off.
