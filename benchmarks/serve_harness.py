@@ -27,7 +27,7 @@ from server.lmserve_pb import lmserve_pb2 as pb
 from server.process import ServerProcess
 from training.config import DEFAULT_DATA_DIR
 
-BUNDLE = ROOT / "var" / "bundles" / "gutenberg_rescore"
+BUNDLE = GUTENBERG.bundle
 # the same model exported with --quantize int8: LibriSpeech dev_other WER unchanged (3.53% with the tuned weights,
 # every error count the same), the LM work of a call 1.7x faster
 BUNDLE_INT8 = ROOT / "var" / "bundles" / "gutenberg_rescore_int8"
@@ -78,7 +78,7 @@ def write_config(folder: Path, settings: ServerSettings, bundle: Path = BUNDLE) 
 def served_bundle(precision: str) -> Path:
     """The rescoring model's bundle as ``fp32`` or ``int8`` (exported on first use)."""
     if precision == "fp32":
-        return ensure_bundle(GUTENBERG.run, BUNDLE)
+        return ensure_bundle(GUTENBERG.run, GUTENBERG.bundle)
     return ensure_bundle(GUTENBERG.run, BUNDLE_INT8, quantize="int8", heldout=str(GUTENBERG.valid))
 
 

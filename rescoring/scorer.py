@@ -8,8 +8,10 @@ Two ways in:
 
 - ``score(sentences)``: batches of similar length through the ``sentences`` graph;
 - ``score_nbest(lists)``: hypothesis lists whose members share prefixes (n-best, k-best). The hypotheses of each list
-  are merged into a prefix tree and the ``step`` graph runs once per distinct prefix, all trees of a call advancing
-  together one depth at a time; the scores equal those of ``score`` on each hypothesis alone.
+  are merged into a prefix tree and the LSTM reads every distinct prefix once: prefixes shared by several hypotheses
+  through the ``step`` graph, all trees of a call advancing together one depth at a time, and each hypothesis' own
+  tail through the ``sentences`` graph from its branch state (``Scorer._run_forest``); the scores equal those of
+  ``score`` on each hypothesis alone.
 """
 
 from __future__ import annotations

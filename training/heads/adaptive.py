@@ -43,10 +43,15 @@ class AdaptiveSoftmax(Head):
             self.head.bias[self.shortlist + i] = mass
             tail[1].bias.copy_(inside - mass)
 
+    def _head_index(self, targets):
+        """Each target's cluster (0 = shortlist, i = tail cluster i) and its entry in the head softmax: itself in the
+        shortlist, else its cluster's logit."""
+        cluster = torch.bucketize(targets, self.bounds, right=True)
+        return cluster, torch.where(cluster == 0, targets, self.shortlist + cluster - 1)
+
     def target_terms(self, hidden, targets):
         head_logits = self.head(hidden)
-        cluster = torch.bucketize(targets, self.bounds, right=True)  # 0 = shortlist, i = tail cluster i
-        head_index = torch.where(cluster == 0, targets, self.shortlist + cluster - 1)
+        cluster, head_index = self._head_index(targets)
         score = head_logits.gather(1, head_index[:, None]).squeeze(1)
         tail_norm = torch.zeros_like(score)
         # Branch-free with data-dependent row sets (possibly empty), so that the same code exports to ONNX
@@ -61,8 +66,7 @@ class AdaptiveSoftmax(Head):
 
     def target_logprob(self, hidden, targets):
         # the head and the target's cluster through log_softmax (see FullSoftmax.target_logprob for why)
-        cluster = torch.bucketize(targets, self.bounds, right=True)
-        head_index = torch.where(cluster == 0, targets, self.shortlist + cluster - 1)
+        cluster, head_index = self._head_index(targets)
         logprob = torch.log_softmax(self.head(hidden), dim=-1).gather(1, head_index[:, None]).squeeze(1)
         for i, tail in enumerate(self.tails):
             rows = torch.nonzero(cluster == i + 1).reshape(-1)
@@ -77,10 +81,9 @@ class AdaptiveSoftmax(Head):
         own repeated the head per candidate and made a decoder step cost 1.6x a token of a sentence)."""
         batch, width = candidates.shape
         flat = candidates.reshape(-1)
-        cluster = torch.bucketize(flat, self.bounds, right=True)
-        head_index = torch.where(cluster == 0, flat, self.shortlist + cluster - 1).reshape(batch, width)
-        logprob = torch.log_softmax(self.head(hidden), dim=-1).gather(1, head_index).reshape(-1)
-        row_of = torch.arange(batch).unsqueeze(1).expand(batch, width).reshape(-1)
+        cluster, head_index = self._head_index(flat)
+        logprob = torch.log_softmax(self.head(hidden), dim=-1).gather(1, head_index.reshape(batch, width)).reshape(-1)
+        row_of = torch.arange(batch, device=candidates.device).unsqueeze(1).expand(batch, width).reshape(-1)
         for i, tail in enumerate(self.tails):
             inside = (cluster == i + 1).long()
             needed = inside.reshape(batch, width).sum(1) > 0
@@ -106,8 +109,7 @@ class AdaptiveSoftmax(Head):
         return torch.cat(parts, dim=-1)
 
     def target_score(self, hidden, targets):
-        cluster = torch.bucketize(targets, self.bounds, right=True)
-        head_index = torch.where(cluster == 0, targets, self.shortlist + cluster - 1)
+        cluster, head_index = self._head_index(targets)
         score = rowwise_dot(self.head.weight.index_select(0, head_index), hidden) + self.head.bias.index_select(
             0, head_index
         )

@@ -6,8 +6,9 @@ vector a sampled objective almost never updates, shares the filters with every w
 score moves with theirs (inflections, compounds, numbers). Labeau trained it with importance sampling and NCE: a
 sampled step runs the CNN over the targets and the samples only (~1,000 words), not the vocabulary.
 
-Costs: the whole-vocabulary scores (exact training) run the CNN over all V spellings, O(V · max_chars ·
-char_embedding_size · charcnn_size) per call, on top of the [N, D] x [D, V] product. Evaluation and serving do not:
+Costs: the whole-vocabulary scores (exact training) run the CNN over all V spellings, O(V · max_chars · Σ widths ·
+filters) lookups and adds per call (the convolution is summed from per-offset character tables, see
+``char_vectors``), on top of the [N, D] x [D, V] product. Evaluation and serving do not:
 ``frozen()`` precomputes the [V, D] output matrix into a plain full softmax, once per evaluation, and that is what
 export writes.
 """
