@@ -50,6 +50,7 @@ class ServerSettings:
     """What the benchmarks vary or report: scoring threads, ONNX Runtime threads per scorer call, batching."""
 
     workers: int = 2
+    engine: str = "threads"
     scorer_threads: int = 1
     batching: bool = True
     max_batch_tokens: int = 16384
@@ -65,7 +66,8 @@ def write_config(folder: Path, settings: ServerSettings, bundle: Path = BUNDLE) 
     profile = f'[models.librispeech.profiles]\n{PROFILE} = "{WEIGHTS}"\n' if WEIGHTS.exists() else ""
     path = folder / "serve.toml"
     path.write_text(
-        f"[server]\nworkers = {settings.workers}\nscorer_threads = {settings.scorer_threads}\nmetrics_port = 0\n"
+        f'[server]\nworkers = {settings.workers}\nengine = "{settings.engine}"\n'
+        f"scorer_threads = {settings.scorer_threads}\nmetrics_port = 0\n"
         f"grace_seconds = {settings.grace_seconds}\nmax_concurrent_calls = 256\n"
         f"[batching]\nenabled = {str(settings.batching).lower()}\nmax_batch_tokens = {settings.max_batch_tokens}\n"
         f"max_wait_ms = {settings.max_wait_ms}\n"

@@ -9,13 +9,15 @@ sentences as ScoreSentences calls (one sentence a call), closed-loop at concurre
 
 Concurrency 32 runs in rounds that take turns, so that the ratios stay fair when other work on the machine comes and
 goes: per round, the same slice of lists goes (a) through the offline scorer, (b) to the server with batching on,
-(c) to an identical server with batching off, (d) to two replicas of 1 scoring thread each, the calls taking turns
+(c) to an identical server with batching off, (d) to a server whose 2 scoring workers are processes
+(``engine = "processes"``, ``server.engine``), (e) to two replicas of 1 scoring thread each, the calls taking turns
 between them (gRPC round-robin over one channel). The offline scorer is the same work without gRPC
 (``rescoring.lmscores.compute`` and the weights' choice) in this process, on as many threads as the server scores with
 (2, of 1 intra-op thread each), 64 lists per compute call (its default). Figures at 32 are medians over the rounds
 (latency percentiles over all their calls); ``c32_vs_offline`` and ``batching_speedup_c32`` are ratios of medians.
-The replicas show what one process leaves on the table: its threads hold the GIL for much of each call (py-spy at
-concurrency 32: 60% of the time), so one server process uses about 1.4 of 2 cores. ``--precision`` picks the bundle
+The replicas and the scoring processes show what one process leaves on the table: its threads hold the GIL for much
+of each call (py-spy at concurrency 32: 60% of the time), so one server process uses about 1.4 of 2 cores. The
+processes server is also timed at concurrency 1 (``processes_c1_*``): its calls cross a process boundary twice. ``--precision`` picks the bundle
 served and scored offline: ``int8`` (default, the rescoring model as served) or ``fp32``.
 
 ``engine_alone_*``: the concurrency-1 lists scored one at a time in this process (compute and reranking, no gRPC),
@@ -168,17 +170,32 @@ def main() -> None:
     offline = Offline(on_settings.workers, bundle)
     offline.work(lists[:4])  # first runs of the graphs
     replica_settings = ServerSettings(workers=1, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
+    processes_settings = ServerSettings(
+        engine="processes", max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms
+    )
     alone = offline.one_by_one_ms(lists[:c1_lists])  # the lists the concurrency-1 run sends
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        servers = {"on": on_settings, "off": off_settings, "r1": replica_settings, "r2": replica_settings}
-        on, off, *replicas = (
+        servers = {
+            "on": on_settings,
+            "off": off_settings,
+            "processes": processes_settings,
+            "r1": replica_settings,
+            "r2": replica_settings,
+        }
+        on, off, processes, *replicas = (
             stack.enter_context(start_server(Path(tmp) / n, c, bundle=bundle)) for n, c in servers.items()
         )
-        targets = {"on": on.address, "off": off.address, "replicas": replicas_target(replicas)}
+        targets = {
+            "on": on.address,
+            "off": off.address,
+            "processes": processes.address,
+            "replicas": replicas_target(replicas),
+        }
         nbest = levels(on.address, requests, "RescoreNBest", nbest_budget)
+        processes_c1 = levels(processes.address, requests, "RescoreNBest", {1: nbest_budget[1]})[1]
         for target in targets.values():
             run_load(target, requests, "RescoreNBest", 32, max_requests=64, max_seconds=30)
-        rounds = {"offline": [], "on": [], "off": [], "replicas": []}
+        rounds = {"offline": [], **{name: [] for name in targets}}
         for r in range(args.rounds):
             chunk = slice(r * per_round, (r + 1) * per_round)
             rounds["offline"].append(offline.rps(lists[chunk]))
@@ -192,8 +209,9 @@ def main() -> None:
         sizes = batch_sizes(on.metrics_url)
         text = levels(on.address, sentences, "ScoreSentences", sentence_budget)
         text_off = levels(off.address, sentences, "ScoreSentences", {32: sentence_budget[32]})[32]
-        codes = [server.stop() for server in (on, off, *replicas)]
+        codes = [server.stop() for server in (on, off, processes, *replicas)]
     nbest[32], batching_off, two_replicas = pooled(rounds["on"]), pooled(rounds["off"]), pooled(rounds["replicas"])
+    in_processes = pooled(rounds["processes"])
     offline_rps = statistics.median(rounds["offline"])
 
     metrics = {}
@@ -204,6 +222,11 @@ def main() -> None:
         metrics[f"engine_alone_c1_p{q}_ms"] = float(np.percentile(alone, q))
     metrics["offline_rps"] = offline_rps
     metrics["c32_vs_offline"] = nbest[32]["rps"] / offline_rps
+    metrics["processes_c32_rps"] = in_processes["rps"]
+    metrics["processes_c32_p99_ms"] = in_processes["p99_ms"]
+    metrics["processes_c32_vs_offline"] = in_processes["rps"] / offline_rps
+    for key in ("rps", "p50_ms", "p99_ms"):
+        metrics[f"processes_c1_{key}"] = processes_c1[key]
     metrics["replicas_c32_rps"] = two_replicas["rps"]
     metrics["replicas_c32_p99_ms"] = two_replicas["p99_ms"]
     metrics["replicas_c32_vs_offline"] = two_replicas["rps"] / offline_rps
@@ -216,7 +239,8 @@ def main() -> None:
     metrics["sentences_batching_off_c32_rps"] = text_off["rps"]
     metrics["sentences_batching_speedup_c32"] = text[32]["rps"] / text_off["rps"]
     metrics["errors"] = sum(
-        f["errors"] for f in [*nbest.values(), batching_off, two_replicas, *text.values(), text_off]
+        f["errors"]
+        for f in [*nbest.values(), batching_off, in_processes, processes_c1, two_replicas, *text.values(), text_off]
     )
     print({k: round(v, 3) for k, v in metrics.items()})
     if args.quick:
@@ -231,6 +255,7 @@ def main() -> None:
         combination=combination(),
         rescore_nbest=nbest,
         rescore_nbest_batching_off_c32=batching_off,
+        rescore_nbest_processes={"1": processes_c1, "32": in_processes, "server": processes_settings.record()},
         rescore_nbest_two_replicas_c32={**two_replicas, "server": replica_settings.record()},
         offline={"rounds_rps": rounds["offline"], "threads": offline.threads, "lists_per_call": 64},
         lists_per_round_c32=per_round,

@@ -46,11 +46,16 @@ class HypothesisScores:
 
     def interpolated(self, lam: float) -> np.ndarray:
         """log(λ·p_neural + (1 − λ)·p_ngram) per token: per-word linear interpolation of true probabilities."""
-        if self.neural is None or self.ngram is None:
-            raise ValueError("interpolation needs both a neural LM and an n-gram")
-        if not 0.0 < lam < 1.0:
-            raise ValueError(f"interpolation weight λ must be in (0, 1), got {lam}")
-        return np.logaddexp(np.log(lam) + self.neural, np.log1p(-lam) + self.ngram)
+        return interpolate(self.neural, self.ngram, lam)
+
+
+def interpolate(neural: np.ndarray | None, ngram: np.ndarray | None, lam: float | None) -> np.ndarray:
+    """log(λ·p_neural + (1 − λ)·p_ngram) of token log-probabilities, elementwise (any matching shapes)."""
+    if neural is None or ngram is None:
+        raise ValueError("interpolation needs both a neural LM and an n-gram")
+    if lam is None or not 0.0 < lam < 1.0:
+        raise ValueError(f"interpolation weight λ must be in (0, 1), got {lam}")
+    return np.logaddexp(np.log(lam) + neural, np.log1p(-lam) + ngram)
 
 
 def texts_fingerprint(nbest: NBestList) -> str:

@@ -4,7 +4,8 @@ on SIGHUP and a graceful drain on SIGTERM/SIGINT.
 
 Scoring runs in the pool, not on the event loop: ONNX Runtime and KenLM release the GIL, so calls are parsed,
 checked and answered while others score; concurrent calls of a model are merged into one scorer call on the way
-(``server.batching``). Prometheus metrics, when configured, are served over HTTP on a port of their own.
+(``server.batching``), which runs in the pool's threads or, with ``engine = "processes"``, in scoring processes
+(``server.engine``). Prometheus metrics, when configured, are served over HTTP on a port of their own.
 
 Stopping: health turns NOT_SERVING (load balancers move away), the port stops taking calls, the calls in flight get
 up to ``grace_seconds`` to finish, and only then are the rest cancelled and the process exits (with 0).
@@ -25,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 
 from server.admin import ADMIN_SERVICE, AdminServicer, Reloader
 from server.config import Config, ConfigError, Tls
+from server.engine import ProcessEngine
 from server.logs import LOGGER
 from server.metrics import Metrics
 from server.models import ModelSet
@@ -36,7 +38,11 @@ log = logging.getLogger(LOGGER)
 class LMServer:
     def __init__(self, config: Config, models: ModelSet):
         self.config = config
-        self.pool = ThreadPoolExecutor(config.server.workers, thread_name_prefix="lmserve-score")
+        workers = config.server.workers
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="lmserve-score")
+        self.engine = None  # scorer calls in the pool's threads
+        if config.server.engine == "processes":
+            self.engine = ProcessEngine(workers, lambda: list(self.models.models.values()))
         size = config.limits.max_message_bytes
         self.server = grpc.aio.server(
             options=[
@@ -49,8 +55,9 @@ class LMServer:
         self.metrics = Metrics() if config.server.metrics_port >= 0 else None
         if self.metrics:
             self.metrics.generation.set(models.generation)
-        workers = config.server.workers
-        self.servicer = LMServicer(models, config.limits, self.pool, workers, config.batching, self.metrics)
+        self.servicer = LMServicer(
+            models, config.limits, self.pool, workers, config.batching, self.metrics, self.engine
+        )
         self.reloader = Reloader(config.path, self.servicer, self.metrics)
         handlers = [self.servicer.generic_handler()]
         names = [SERVICE.full_name]
@@ -74,6 +81,9 @@ class LMServer:
         host = host or self.config.server.host
         port = self.config.server.port if port is None else port
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if self.engine is not None:
+            pids = await asyncio.to_thread(self.engine.start)
+            log.info("scoring processes", extra={"fields": {"pids": pids}})
         try:
             if self.config.tls is None:
                 self.port = self.server.add_insecure_port(address)
@@ -117,6 +127,8 @@ class LMServer:
         await self.server.stop(None)  # health watches, and calls beyond the grace period
         await refusing
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.engine is not None:
+            self.engine.shutdown(wait=True, cancel_futures=True)
         if self.metrics is not None:
             self.metrics.stop()
         log.info("stopped")

@@ -6,11 +6,11 @@ less. The same holds for sentences in the ``sentences`` graph.
 
 How: a call's work (its sentences, or its lists) is an item in the queue of its model. A model with nothing running
 starts an item at once, so a lone caller waits for nothing. While a batch of the model is running, new items wait up
-to ``max_wait`` for company, then for a free scoring thread, and leave together, up to ``max_batch_tokens`` (an item
-bigger than that leaves alone) and up to a fair share of the model's calls: those queued and running, divided by the
-scoring threads. Without the share, one thread would take nearly every call in one big batch and the other would
-trickle through the few left (measured at concurrency 32 on 2 threads: batches of 17-32 calls beside batches of 3-8);
-with it, the threads carry even batches (mostly 9-16 calls).
+to ``max_wait`` for company, then for a free scoring worker (a thread, or a process: ``server.engine``), and leave
+together, up to ``max_batch_tokens`` (an item bigger than that leaves alone) and up to a fair share of the model's
+calls: those queued and running, divided by the scoring workers. Without the share, one worker would take nearly
+every call in one big batch and the other would trickle through the few left (measured at concurrency 32 on 2
+threads: batches of 17-32 calls beside batches of 3-8); with it, the workers carry even batches (mostly 9-16 calls).
 
 The engine runs the merged work once; the results are split back by item. When a merged call fails, its items run
 again one by one, so a request that breaks the engine fails alone. A call cancelled (client gone, deadline passed)
@@ -158,7 +158,8 @@ class Batcher:
             self.batches += 1
             self.calls += len(batch)
             loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(self.pool, self._score, queue.model, [i.work for i in batch])
+            works = [i.work for i in batch]
+            results = await loop.run_in_executor(self.pool, score_together, self.run, queue.model, works)
             for item, result in zip(batch, results, strict=True):
                 if item.future.done():  # cancelled while it ran
                     continue
@@ -177,26 +178,6 @@ class Batcher:
             queue.running_calls -= len(batch)
             self._forget_if_idle(queue)
 
-    def _score(self, model: object, works: list[Sequence]) -> list[list | Exception]:
-        """In a scoring thread: all works in one engine call, split back; on failure, each work alone."""
-        try:
-            merged = self.run(model, [x for work in works for x in work])
-        except Exception as e:
-            if len(works) == 1:
-                return [e]
-            return [self._alone(model, work) for work in works]
-        results, start = [], 0
-        for work in works:
-            results.append(merged[start : start + len(work)])
-            start += len(work)
-        return results
-
-    def _alone(self, model: object, work: Sequence) -> list | Exception:
-        try:
-            return self.run(model, list(work))
-        except Exception as e:
-            return e
-
     def _forget_if_idle(self, queue: _Queue) -> None:
         if not queue.items and not queue.running and self.queues.get(id(queue.model)) is queue:
             del self.queues[id(queue.model)]
@@ -204,3 +185,26 @@ class Batcher:
     def _depth(self, change: int) -> None:
         if self.metrics:
             self.metrics.queue_depth.labels(self.kind).inc(change)
+
+
+def score_together(run: Callable[[object, list], list], model: object, works: list[Sequence]) -> list[list | Exception]:
+    """In a scoring thread or process (module-level, so that it pickles): all ``works`` in one engine call, split
+    back; when that fails, each work alone, so that a work that breaks the engine fails alone."""
+    try:
+        merged = run(model, [x for work in works for x in work])
+    except Exception as e:
+        if len(works) == 1:
+            return [e]
+        return [_alone(run, model, work) for work in works]
+    results, start = [], 0
+    for work in works:
+        results.append(merged[start : start + len(work)])
+        start += len(work)
+    return results
+
+
+def _alone(run: Callable[[object, list], list], model: object, work: Sequence) -> list | Exception:
+    try:
+        return run(model, list(work))
+    except Exception as e:
+        return e

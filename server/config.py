@@ -3,7 +3,9 @@
     [server]
     host = "127.0.0.1"            # loopback by default: expose the service on purpose
     port = 50051
-    workers = 2                   # scoring threads (ONNX Runtime and KenLM release the GIL)
+    workers = 2                   # scorer calls at once (ONNX Runtime and KenLM release the GIL)
+    engine = "threads"            # where they run: "threads" of the server process, or "processes" of their own (a
+                                  # copy of the models each; no GIL shared with the gRPC side: more lists/s, more RAM)
     scorer_threads = 1            # ONNX Runtime intra-op threads per model
     default_model = "librispeech" # for requests that name no model; default: the first model below
     max_concurrent_calls = 64     # calls beyond this are refused with RESOURCE_EXHAUSTED
@@ -47,6 +49,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+ENGINES = ("threads", "processes")  # server.engine
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -69,6 +72,7 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 50051
     workers: int = 2
+    engine: str = "threads"
     scorer_threads: int = 1
     default_model: str = ""
     max_concurrent_calls: int = 64
@@ -136,6 +140,8 @@ def load_config(path: str | Path) -> Config:
     for name, least in (("workers", 1), ("scorer_threads", 1), ("max_concurrent_calls", 1), ("port", 0)):
         if getattr(server, name) < least:
             raise ConfigError(f"{path}: server.{name} = {getattr(server, name)}: expected at least {least}")
+    if server.engine not in ENGINES:
+        raise ConfigError(f"{path}: server.engine = {server.engine!r}: expected one of {list(ENGINES)}")
     if server.metrics_port < -1:
         raise ConfigError(f"{path}: server.metrics_port = {server.metrics_port}: expected a port, 0 (any) or -1 (off)")
     for f in fields(Limits):

@@ -10,6 +10,7 @@ from rescoring.interpolated import InterpolatedLM
 from rescoring.rescore import LanguageModels, Setup, setup_from_record
 from rescoring.tune import read_weights
 from server.config import Config, ConfigError, ModelConfig
+from server.engine import resolve
 
 
 class UnknownModel(LookupError):
@@ -32,11 +33,13 @@ class ServedModel:
     lm: InterpolatedLM  # what sentence and next-word scoring use: the same scorer and n-gram
 
     profiles: dict[str, Profile]
+    threads: int  # ONNX Runtime intra-op threads
+    generation: int  # of the ModelSet that loaded it
 
     @classmethod
-    def load(cls, name: str, config: ModelConfig, threads: int) -> ServedModel:
+    def load(cls, name: str, config: ModelConfig, threads: int, generation: int = 1) -> ServedModel:
         lms = LanguageModels.load(config.bundle, config.ngram, config.normalize, threads)
-        model = cls(name, config, lms, InterpolatedLM(lms.scorer, lms.ngram, config.lam), {})
+        model = cls(name, config, lms, InterpolatedLM(lms.scorer, lms.ngram, config.lam), {}, threads, generation)
         for profile_name, path in config.profiles.items():
             model.profiles[profile_name] = model._profile(profile_name, path)
         return model
@@ -60,6 +63,10 @@ class ServedModel:
             )
         return Profile(name, path, record, setup)
 
+    def __reduce__(self):
+        """Pickled (to a scoring process, ``server.engine``) as a reference that the process resolves to its own copy."""
+        return (resolve, (self.name, self.config, self.threads, self.generation))
+
     def profile(self, name: str) -> Profile:
         if name not in self.profiles:
             raise UnknownModel(
@@ -80,9 +87,8 @@ class ModelSet:
 
     @classmethod
     def load(cls, config: Config, generation: int = 1) -> ModelSet:
-        models = {
-            name: ServedModel.load(name, model, config.server.scorer_threads) for name, model in config.models.items()
-        }
+        threads = config.server.scorer_threads
+        models = {name: ServedModel.load(name, model, threads, generation) for name, model in config.models.items()}
         return cls(models, config.default_model, generation)
 
     def get(self, name: str) -> ServedModel:

@@ -82,7 +82,11 @@ class LMServicer:
         workers: int,
         batching: Batching,
         metrics: Metrics | None = None,
+        engine: Executor | None = None,
     ):
+        """``pool``: threads for the work of single calls (next-word steps, reranking); ``engine``: where the
+        batchers' scorer calls run (``server.engine``), by default the same threads; ``workers``: how many run at
+        once."""
         self.models = models
         self.limits = limits
         self.pool = pool
@@ -94,7 +98,7 @@ class LMServicer:
             return Batcher(
                 kind,
                 run,
-                pool,
+                engine or pool,
                 slots,
                 workers,
                 batching.max_batch_tokens,

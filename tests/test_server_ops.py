@@ -3,10 +3,12 @@ SIGTERM, and TLS / mutual TLS with certificates made here by ``openssl``. Real s
 loopback ports; waits are on the server's log records or on the calls themselves."""
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -29,8 +31,8 @@ from server.process import ServerProcess
 SENTENCES = ["w1 w2 w3", "w4 w5", ""]
 
 
-def write_config(path: Path, bundle: Path, *sections: str, server: str = "") -> Path:
-    head = f"[server]\nworkers = 1\ngrace_seconds = 60.0\n{server}"
+def write_config(path: Path, bundle: Path, *sections: str, server: str = "", workers: int = 1) -> Path:
+    head = f"[server]\nworkers = {workers}\ngrace_seconds = 60.0\n{server}"
     path.write_text("\n".join([head, *sections, f'[models.m]\nbundle = "{bundle}"\n']))
     return path
 
@@ -98,12 +100,14 @@ class CallStream:
         return self.outcomes
 
 
-def test_reload_swaps_models_under_load_and_a_failed_one_keeps_them(bundles, tmp_path):
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_reload_swaps_models_under_load_and_a_failed_one_keeps_them(bundles, tmp_path, engine):
+    """With ``engine = "processes"`` the scoring processes must pick up each generation too (the scores change)."""
     old, new = bundles[("full", 0.0)][1], bundles[("full", 0.5)][1]
     broken = tmp_path / "broken.bundle"
     broken.mkdir()
     (broken / "manifest.json").write_text("{ not json")
-    config = write_config(tmp_path / "serve.toml", old)
+    config = write_config(tmp_path / "serve.toml", old, server=f'engine = "{engine}"\n')
     with ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server:
         client = LMServeClient(server.address, timeout=60)
         first = client.model_info()
@@ -112,7 +116,7 @@ def test_reload_swaps_models_under_load_and_a_failed_one_keeps_them(bundles, tmp
         server.wait_for(lambda r: r.get("message") == "call started" and r["method"] == "RescoreKBest", 30)
         stream = CallStream(server.address)
 
-        write_config(config, new)
+        write_config(config, new, server=f'engine = "{engine}"\n')
         reloaded = client.reload_models()
         assert reloaded.generation == 2 and reloaded.default_model == "m"
         assert reloaded.models[0].fingerprint == client.model_info().fingerprint != first.fingerprint
@@ -120,14 +124,14 @@ def test_reload_swaps_models_under_load_and_a_failed_one_keeps_them(bundles, tmp
         assert scores["new"] != scores["old"]
         stream.wait_for_answer(scores["new"])
 
-        write_config(config, old)  # and back, by signal
+        write_config(config, old, server=f'engine = "{engine}"\n')  # and back, by signal
         mark = len(server.records)
         server.send(signal.SIGHUP)
         server.wait_for(lambda r: r.get("message") == "reloaded", 60, after=mark)
         assert client.list_models().generation == 3 and client.model_info().fingerprint == first.fingerprint
         stream.wait_for_answer(scores["old"])
 
-        write_config(config, broken)
+        write_config(config, broken, server=f'engine = "{engine}"\n')
         code, details = status_of(client.reload_models)
         assert code == grpc.StatusCode.FAILED_PRECONDITION
         assert "still serving generation 3" in details and str(broken) in details
@@ -176,6 +180,36 @@ def test_a_reload_frees_the_old_models(bundles, tmp_path):
         return held
 
     assert not asyncio.run(scenario())
+
+
+# -- scoring processes -----------------------------------------------------------------------------------------
+
+
+def test_scoring_processes_answer_like_threads_and_a_dead_one_is_replaced(bundles, tmp_path):
+    bundle = bundles[("full", 0.0)][1]
+    lists = slow_request().lists[:8]
+    answers = {}
+    for engine in ("threads", "processes"):
+        config = write_config(tmp_path / f"{engine}.toml", bundle, server=f'engine = "{engine}"\n', workers=2)
+        with ServerProcess(config, tmp_path / f"{engine}.log") as server, LMServeClient(server.address) as client:
+            request = pb.RescoreNBestRequest(lists=lists)
+            request.combination.weights.update({"am": 1.0, "neural": 0.3, "length": -0.5})
+            answers[engine] = [client.score_sentences(SENTENCES), client.stub.RescoreNBest(request, timeout=30)]
+            if engine == "processes":
+                pids = server.wait_for(lambda r: r.get("message") == "scoring processes", 1)["pids"]
+                assert len(set(pids)) == 2 and server.pid not in pids
+                os.kill(pids[0], signal.SIGKILL)
+                failed, deadline = 0, time.monotonic() + 30
+                while not any(r.get("message") == "scoring processes replaced" for r in server.records):
+                    assert time.monotonic() < deadline, "the dead scoring process was not replaced"
+                    try:
+                        client.score_sentences(SENTENCES)
+                    except grpc.RpcError as e:  # the call that met the broken pool
+                        assert e.code() == grpc.StatusCode.INTERNAL
+                        failed += 1
+                assert failed <= 1
+                answers["replaced"] = [client.score_sentences(SENTENCES), client.stub.RescoreNBest(request, timeout=30)]
+    assert answers["processes"] == answers["threads"] == answers["replaced"]
 
 
 # -- graceful shutdown -----------------------------------------------------------------------------------------
@@ -307,6 +341,7 @@ def test_tls_batching_and_admin_config_errors_name_the_key(bundles, certs, tmp_p
         ("[batching]\nenabled = 1\n", ""): "batching.enabled = 1: expected true or false",
         ("[batching]\nmax_wait_ms = -1\n", ""): "batching.max_wait_ms = -1.0",
         ("", "admin = 1\n"): "server.admin = 1: expected true or false",
+        ("", 'engine = "fork"\n'): "server.engine = 'fork': expected one of ['threads', 'processes']",
     }
     for (section, server), message in cases.items():
         with pytest.raises(ConfigError, match=re.escape(message)):
