@@ -10,6 +10,7 @@ which shares the machine's cores with the server, spends as little CPU as a clie
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -214,8 +215,12 @@ def run_load(address: str, requests: list[bytes], method: str, concurrency: int,
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident set size of a process, from /proc."""
+    """Resident set size of a process and its children (a server's scoring processes), from /proc."""
+    total = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/{pid}/status has no VmRSS line")
+            total = int(line.split()[1]) * 1024
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        with contextlib.suppress(FileNotFoundError):  # it ended since
+            total += rss_bytes(int(child))
+    return total

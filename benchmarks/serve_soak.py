@@ -1,13 +1,13 @@
 """A 10-minute soak of lm-serve at concurrency 32, hot reloads and a shutdown under load -> serve_soak.json
 
-    python -m benchmarks.serve_soak [--minutes 10]
+    python -m benchmarks.serve_soak [--minutes 10] [--engine threads|processes]
 
 The LibriSpeech rescoring server of ``serve_load`` (2 scoring threads of 1 ONNX Runtime thread, batching on) gets
 32 closed-loop callers: 22 replaying dev_other 30-best lists (RescoreNBest), 6 PTB test sentences (ScoreSentences,
 8 a call) and 4 decoders stepping through dev_other transcripts (ScoreNextWords, 8 candidates, each step carrying the
 state of the last). Meanwhile:
 
-- the server's RSS is sampled every 5 s; growth is the median of the last minute before the shutdown against the
+- the server's RSS (with its scoring processes') is sampled every 5 s; growth is the median of the last minute before the shutdown against the
   median of the minute after a 1-minute warm-up;
 - at 40% of the time the models are reloaded by ``Admin.ReloadModels``, at 70% by SIGHUP; a call that was in flight
   during a reload (started before it ended, ended after it started) and failed counts in ``failed_inflight_on_reload``;
@@ -165,9 +165,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds before the RSS baseline")
+    parser.add_argument(
+        "--engine",
+        choices=["threads", "processes"],
+        default="threads",
+        help="server.engine (processes: -> serve_soak_processes.json)",
+    )
     args = parser.parse_args()
     seconds = args.minutes * 60
-    settings = ServerSettings()
+    settings = ServerSettings(engine=args.engine)
     nbest, sentences = nbest_requests(dev_other_lists()), sentence_batches()
     walks = decoder_walks(Bundle.load(BUNDLE).tokens)
     with tempfile.TemporaryDirectory() as tmp:
@@ -205,10 +211,10 @@ def main() -> None:
         **{f"{method}_p99_ms": value for method, value in latency.items()},
     }
     write_result(
-        "serve_soak",
+        "serve_soak" if args.engine == "threads" else f"serve_soak_{args.engine}",
         metrics,
         server=settings.record(),
-        threads="server: 2 scoring threads x 1 ONNX Runtime intra-op thread per scorer call",
+        threads=f"server: 2 scoring {args.engine} x 1 ONNX Runtime intra-op thread per scorer call",
         callers=CALLERS,
         error_codes=dict(errors),
         calls_by_method=dict(Counter(c.method for c in before)),
