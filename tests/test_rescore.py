@@ -75,6 +75,16 @@ def test_lm_scores_share_tokens_interpolate_and_cache(bundles, ngram_model, tmp_
     mixed = first.interpolated(0.3)
     assert np.all(mixed >= np.minimum(first.neural, first.ngram) - 1e-12)
     assert np.all(mixed <= np.maximum(first.neural, first.ngram) + 1e-12)
+    # the feature matrix holds, per hypothesis, the sums of these token scores (definitions over them too)
+    names = ["neural", "ngram", "interp", "oov", "length", "lms"]
+    (x,) = feature_matrices(nbest, names, scores, {"lms": {"neural": 2.0, "ngram": -1.0}}, 0.3)
+    expected = [
+        [s.neural.sum(), s.ngram.sum(), s.interpolated(0.3).sum(), s.oov, len(h.text.split()), 0.0]
+        for h, s in zip(nbest.entries[0].hypotheses, scores[0], strict=True)
+    ]
+    expected = np.array(expected)
+    expected[:, 5] = 2 * expected[:, 0] - expected[:, 1]
+    np.testing.assert_allclose(x, expected, rtol=1e-12)
     # the cache returns the same numbers without running the models, and is recomputed for other settings
     cache = tmp_path / "scores.jsonl"
     written = models.scores(nbest, cache)
@@ -85,6 +95,10 @@ def test_lm_scores_share_tokens_interpolate_and_cache(bundles, ngram_model, tmp_
     read = load_or_compute(cache, cache_key(nbest, models.scorer, models.ngram, models.normalizer), nbest, must_not_run)
     again = LanguageModels(None, models.ngram, models.normalizer).scores(nbest, cache)  # no neural LM: another key
     assert again[0][0].neural is None
+    with pytest.raises(ValueError, match="feature 'neural': that LM was not given"):
+        feature_matrices(nbest, ["ngram", "neural"], again)
+    with pytest.raises(ValueError, match="interpolation needs both"):
+        feature_matrices(nbest, ["interp"], again, lam=0.3)
     for a, b in zip(written[0], read[0], strict=True):
         np.testing.assert_allclose(a.neural, b.neural, rtol=1e-6)
         np.testing.assert_allclose(a.ngram, b.ngram, rtol=1e-6)
