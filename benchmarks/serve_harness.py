@@ -85,10 +85,13 @@ def served_bundle(precision: str) -> Path:
     return ensure_bundle(GUTENBERG.run, BUNDLE_INT8, quantize="int8", heldout=str(GUTENBERG.valid))
 
 
-def start_server(folder: Path, settings: ServerSettings, name: str = "server", bundle: Path = BUNDLE) -> ServerProcess:
+def start_server(
+    folder: Path, settings: ServerSettings, name: str = "server", bundle: Path = BUNDLE, replicas: int = 1
+) -> ServerProcess:
+    """``lm-serve serve`` on free ports; with ``replicas``, its ``address`` is the round-robin target of them all."""
     folder.mkdir(parents=True, exist_ok=True)
     config = write_config(folder, settings, bundle)
-    return ServerProcess(config, folder / f"{name}.log", start_timeout=300)
+    return ServerProcess(config, folder / f"{name}.log", "--replicas", str(replicas), start_timeout=300)
 
 
 def combination() -> dict:
@@ -177,7 +180,7 @@ async def closed_loop(
 ) -> Load:
     """``concurrency`` callers replaying ``requests`` (cycling from ``start_at``) until ``max_requests`` calls are
     answered or ``max_seconds`` have passed; throughput counts the calls answered OK over the wall time. ``address``
-    may name several replicas (:func:`replicas_target`): calls then take turns between them."""
+    may name several replicas (``start_server(..., replicas=2).address``): calls then take turns between them."""
     load = Load(concurrency)
     options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.lb_policy_name", "round_robin")]
     async with grpc.aio.insecure_channel(address, options=options) as channel:
@@ -203,11 +206,6 @@ async def closed_loop(
         await asyncio.gather(*(caller() for _ in range(concurrency)))
         load.seconds = time.perf_counter() - start
     return load
-
-
-def replicas_target(servers: list[ServerProcess]) -> str:
-    """One channel target for several loopback replicas; with round-robin, each call goes to the next one."""
-    return "ipv4:" + ",".join(server.address for server in servers)
 
 
 def run_load(address: str, requests: list[bytes], method: str, concurrency: int, **limits) -> Load:

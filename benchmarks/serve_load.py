@@ -10,8 +10,8 @@ sentences as ScoreSentences calls (one sentence a call), closed-loop at concurre
 Concurrency 32 runs in rounds that take turns, so that the ratios stay fair when other work on the machine comes and
 goes: per round, the same slice of lists goes (a) through the offline scorer, (b) to the server with batching on,
 (c) to an identical server with batching off, (d) to a server whose 2 scoring workers are processes
-(``engine = "processes"``, ``server.engine``), (e) to two replicas of 1 scoring thread each, the calls taking turns
-between them (gRPC round-robin over one channel). The offline scorer is the same work without gRPC
+(``engine = "processes"``, ``server.engine``), (e) to two replicas of 1 scoring thread each (``lm-serve serve
+--replicas 2``), the calls taking turns between them (gRPC round-robin over one channel). The offline scorer is the same work without gRPC
 (``rescoring.lmscores.compute`` and the weights' choice) in this process, on as many threads as the server scores with
 (2, of 1 intra-op thread each), 64 lists per compute call (its default). Figures at 32 are medians over the rounds
 (latency percentiles over all their calls); ``c32_vs_offline`` and ``batching_speedup_c32`` are ratios of medians.
@@ -53,7 +53,6 @@ from benchmarks.serve_harness import (
     combination,
     dev_other_lists,
     nbest_requests,
-    replicas_target,
     run_load,
     sentence_requests,
     served_bundle,
@@ -179,18 +178,13 @@ def main() -> None:
             "on": on_settings,
             "off": off_settings,
             "processes": processes_settings,
-            "r1": replica_settings,
-            "r2": replica_settings,
+            "replicas": replica_settings,
         }
-        on, off, processes, *replicas = (
-            stack.enter_context(start_server(Path(tmp) / n, c, bundle=bundle)) for n, c in servers.items()
+        on, off, processes, replicas = (
+            stack.enter_context(start_server(Path(tmp) / n, c, bundle=bundle, replicas=2 if n == "replicas" else 1))
+            for n, c in servers.items()
         )
-        targets = {
-            "on": on.address,
-            "off": off.address,
-            "processes": processes.address,
-            "replicas": replicas_target(replicas),
-        }
+        targets = {name: server.address for name, server in zip(servers, (on, off, processes, replicas), strict=True)}
         nbest = levels(on.address, requests, "RescoreNBest", nbest_budget)
         processes_c1 = levels(processes.address, requests, "RescoreNBest", {1: nbest_budget[1]})[1]
         for target in targets.values():
@@ -209,7 +203,7 @@ def main() -> None:
         sizes = batch_sizes(on.metrics_url)
         text = levels(on.address, sentences, "ScoreSentences", sentence_budget)
         text_off = levels(off.address, sentences, "ScoreSentences", {32: sentence_budget[32]})[32]
-        codes = [server.stop() for server in (on, off, processes, *replicas)]
+        codes = [server.stop() for server in (on, off, processes, replicas)]
     nbest[32], batching_off, two_replicas = pooled(rounds["on"]), pooled(rounds["off"]), pooled(rounds["replicas"])
     in_processes = pooled(rounds["processes"])
     offline_rps = statistics.median(rounds["offline"])
@@ -256,7 +250,7 @@ def main() -> None:
         rescore_nbest=nbest,
         rescore_nbest_batching_off_c32=batching_off,
         rescore_nbest_processes={"1": processes_c1, "32": in_processes, "server": processes_settings.record()},
-        rescore_nbest_two_replicas_c32={**two_replicas, "server": replica_settings.record()},
+        rescore_nbest_two_replicas_c32={**two_replicas, "server": {**replica_settings.record(), "replicas": 2}},
         offline={"rounds_rps": rounds["offline"], "threads": offline.threads, "lists_per_call": 64},
         lists_per_round_c32=per_round,
         score_sentences=text,

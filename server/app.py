@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -105,7 +106,7 @@ class LMServer:
         for service in ("", SERVICE.full_name):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         tls = "off" if self.config.tls is None else "mutual" if self.config.tls.client_ca else "server"
-        fields = {"host": host, "port": self.port, "models": list(self.models.models), "tls": tls}
+        fields = {"host": host, "port": self.port, "pid": os.getpid(), "models": list(self.models.models), "tls": tls}
         fields["batching"] = dataclasses.asdict(self.config.batching)
         log.info("listening", extra={"fields": fields})
         return self.port

@@ -1,6 +1,6 @@
 """lm-serve: run the gRPC language-model service, or call one.
 
-lm-serve serve --config serve.toml [--port 50051]
+lm-serve serve --config serve.toml [--port 50051] [--replicas 2]
 lm-serve client --server 127.0.0.1:50051 score [--model NAME] [--per-token] < sentences.txt
 lm-serve client rescore dev.jsonl --profile dev_clean --out dev.rescored.jsonl
 lm-serve client models
@@ -44,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default: the config's, else 50051; 0 = any free port)")
     serve.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (0 = any free port, -1 = off)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="run N server processes on ports PORT..PORT+N-1 (all free ones with --port 0) for clients that go "
+        "round-robin over them (server/replicas.py); give each workers = 1",
+    )
     serve.set_defaults(func=_serve)
 
     client = sub.add_parser("client", help="call a running server")
@@ -100,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _serve(args) -> int:
     setup_logging(args.log_level)
+    if args.replicas < 1:
+        raise ValueError(f"--replicas {args.replicas}: expected at least 1")
+    if args.replicas > 1:
+        from server.replicas import serve_replicas
+
+        config = load_config(args.config)
+        return serve_replicas(config, args.replicas, args.host, args.port, args.metrics_port, args.log_level)
     asyncio.run(_serve_async(args))
     # stopped cleanly: a repeated SIGTERM (service managers may send more than one) must not turn exit 0 into a kill
     for sig in (signal.SIGTERM, signal.SIGINT):

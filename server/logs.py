@@ -8,19 +8,29 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 
 LOGGER = "lmserve"
+REPLICA_ENV = "LMSERVE_REPLICA"
 
 
 class JsonFormatter(logging.Formatter):
+    """A process started by ``lm-serve serve --replicas`` (``server.replicas``) tags every line with its index."""
+
+    def __init__(self):
+        super().__init__()
+        replica = os.environ.get(REPLICA_ENV)
+        self.tags = {} if replica is None else {"replica": int(replica)}
+
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
+            **self.tags,
             **getattr(record, "fields", {}),
         }
         if record.exc_info:

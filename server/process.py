@@ -1,9 +1,9 @@
 """``lm-serve serve`` in a child process, for the tests, the load benchmarks and scripts that need a real server.
 
-It starts on a free port (``--port 0``) and says which in its ``listening`` log line; a reader thread copies the log
-(JSON lines on stderr) to a file and keeps every record, so a caller waits for a record (``wait_for``) instead of
-sleeping and hoping: the server is up when :class:`ServerProcess` returns, a reload is done when its ``reloaded``
-line is there.
+It starts on a free port (``--port 0``) and says which in its ``listening`` log line (with ``--replicas``, the
+round-robin target of them all: ``address``); a reader thread copies the log (JSON lines on stderr) to a file and
+keeps every record, so a caller waits for a record (``wait_for``) instead of sleeping and hoping: the server is up
+when :class:`ServerProcess` returns, a reload is done when its ``reloaded`` line is there.
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ class ServerProcess:
         self.reader = threading.Thread(target=self._read, name="lmserve-log", daemon=True)
         self.reader.start()
         try:
-            listening = self.wait_for(lambda r: r.get("message") == "listening", start_timeout)
+            # the server's own line: with --replicas, each replica's (tagged "replica") comes first
+            listening = self.wait_for(lambda r: r.get("message") == "listening" and "replica" not in r, start_timeout)
         except BaseException:
             self.proc.kill()
             self.proc.wait()
             raise
         self.port = listening["port"]
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = listening.get("target", f"127.0.0.1:{self.port}")  # with --replicas, all of them
         metrics = [r for r in self.records if r.get("message") == "metrics"]
         self.metrics_url = f"http://127.0.0.1:{metrics[0]['port']}/metrics" if metrics else None
 

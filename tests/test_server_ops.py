@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 import weakref
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -246,20 +247,38 @@ def test_sigterm_drains_the_calls_in_flight_and_refuses_new_ones(bundles, tmp_pa
 # -- replicas --------------------------------------------------------------------------------------------------
 
 
-def test_a_client_spreads_calls_over_replicas(bundles, tmp_path):
-    """One process per core is how lm-serve scales on CPython (its engine holds the GIL for part of each call): the
-    client's round-robin sends each call to the next replica, and the answers are the same wherever they come from."""
+def test_replicas_take_turns_reload_and_drain_as_one_service(bundles, tmp_path):
+    """``--replicas 2``: two processes on their own ports, one ``listening`` line with the round-robin target; the
+    client's round-robin sends each call to the next replica, the answers are the same wherever they come from, and
+    SIGHUP / SIGTERM reach both."""
     config = write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1])
-    with (
-        ServerProcess(config, tmp_path / "r1.log") as first,
-        ServerProcess(config, tmp_path / "r2.log") as second,
-        LMServeClient(f"ipv4:{first.address},{second.address}", timeout=30) as client,
-    ):
-        answers = {client.score_sentences(SENTENCES).sentences[0].neural.logprob for _ in range(20)}
-    served = [len(logged_calls(replica, "ScoreSentences")) for replica in (first, second)]  # whole logs, once stopped
+    with ServerProcess(config, tmp_path / "server.log", "--replicas", "2") as server:
+        ports = server.wait_for(lambda r: r.get("message") == "listening" and "replica" not in r, 1)["ports"]
+        assert server.address == f"ipv4:127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}" and ports[0] != ports[1]
+        with LMServeClient(server.address, timeout=30) as client:
+            answers = {client.score_sentences(SENTENCES).sentences[0].neural.logprob for _ in range(20)}
+            mark = len(server.records)
+            server.send(signal.SIGHUP)
+            server.wait_for(lambda r: r.get("message") == "reloaded", 60, after=mark, count=2)
+            assert client.list_models().generation == 2
+        assert server.stop() == 0
+    served = Counter(r["replica"] for r in logged_calls(server, "ScoreSentences"))
+    reloaded = {r["replica"] for r in server.records if r.get("message") == "reloaded"}
+    stopped = [r.get("replica") for r in server.records if r.get("message") == "stopped"]
     assert len(answers) == 1
     # strict turns once both connections are up; the first calls may all go to the one that was ready first
-    assert sum(served) == 20 and min(served) >= 5, served
+    assert sum(served.values()) == 20 and min(served[0], served[1]) >= 5, served
+    assert reloaded == {0, 1} and sorted(stopped, key=str) == [0, 1, None]  # None: the supervisor, last
+
+
+def test_replicas_stop_together_when_one_exits(bundles, tmp_path):
+    config = write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1])
+    with ServerProcess(config, tmp_path / "server.log", "--replicas", "2") as server:
+        first = server.wait_for(lambda r: r.get("message") == "listening" and r.get("replica") == 0, 1)
+        os.kill(first["pid"], signal.SIGKILL)
+        assert server.wait() == 1
+    assert any(r.get("message") == "a replica exited: stopping the others" for r in server.records)
+    assert [r.get("replica") for r in server.records if r.get("message") == "stopped"][:1] == [1]
 
 
 # -- TLS ---------------------------------------------------------------------------------------------------------
