@@ -218,7 +218,8 @@ def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             total = int(line.split()[1]) * 1024
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        with contextlib.suppress(FileNotFoundError):  # it ended since
-            total += rss_bytes(int(child))
+    for task in Path(f"/proc/{pid}/task").iterdir():  # a child belongs to the thread that started it
+        with contextlib.suppress(FileNotFoundError):  # the thread, or the child, ended since
+            for child in (task / "children").read_text().split():
+                total += rss_bytes(int(child))
     return total

@@ -43,7 +43,7 @@ class LMServer:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="lmserve-score")
         self.engine = None  # scorer calls in the pool's threads
         if config.server.engine == "processes":
-            self.engine = ProcessEngine(workers, lambda: list(self.models.models.values()))
+            self.engine = ProcessEngine(workers, lambda: [m.ref() for m in self.models.models.values()])
         size = config.limits.max_message_bytes
         self.server = grpc.aio.server(
             options=[

@@ -33,26 +33,39 @@ _copies: dict[tuple[int, str], object] = {}  # in a worker: (generation, name) -
 
 
 def resolve(name: str, config, threads: int, generation: int):
-    """In a worker: its copy of model ``name`` of ``generation`` (the unpickling end of ``ServedModel``)."""
+    """In a worker: its copy of model ``name`` of ``generation`` (the unpickling end of ``ServedModel``).
+
+    A worker keeps the newest generation it has seen. Loading a newer one drops the older (and hands their pages back
+    to the system); a batch of an older generation that arrives later (queued before a reload) gets a copy of its
+    own, dropped when the batch is done."""
+    from server.admin import return_freed_memory
     from server.models import ServedModel
 
     key = (generation, name)
     model = _copies.get(key)
-    if model is None:
-        model = _copies[key] = ServedModel.load(name, config, threads, generation)
-        newest = max(g for g, _ in _copies)
-        for old in [k for k in _copies if k[0] < newest - 1]:  # older than the one before: no call runs on it
-            del _copies[old]
+    if model is not None:
+        return model
+    newest = max((g for g, _ in _copies), default=generation)
+    model = ServedModel.load(name, config, threads, generation)
+    if generation >= newest:
+        _copies[key] = model
+        old = [k for k in _copies if k[0] < generation]
+        for k in old:
+            del _copies[k]
+        if old:
+            return_freed_memory()
     return model
 
 
 _started: threading.Barrier | None = None  # in a worker: met by every worker of its pool once, at start
 
 
-def _load(models: list, started) -> None:
-    """A worker's initializer: ``models`` arrive as references, and unpickling them loaded them (:func:`resolve`)."""
+def _load(models: list[tuple], started) -> None:
+    """A worker's initializer: load the models (``ServedModel.ref()`` of each)."""
     global _started
     _started = started
+    for ref in models:
+        resolve(*ref)
 
 
 def _ready() -> int:
@@ -63,9 +76,10 @@ def _ready() -> int:
 
 class ProcessEngine(Executor):
     """``workers`` scoring processes, started (spawned: the server process has gRPC threads, which a fork must not
-    copy) with the models that ``models()`` returns at the time; replaced as a whole when one of them dies."""
+    copy) with the models that ``models()`` names at the time (``ServedModel.ref()`` of each: references, so that
+    the pool does not hold the models themselves after a reload); replaced as a whole when one of them dies."""
 
-    def __init__(self, workers: int, models: Callable[[], list]):
+    def __init__(self, workers: int, models: Callable[[], list[tuple]]):
         self.workers = workers
         self.models = models
         self.lock = threading.Lock()

@@ -63,9 +63,13 @@ class ServedModel:
             )
         return Profile(name, path, record, setup)
 
+    def ref(self) -> tuple:
+        """What names this model in a scoring process (``server.engine.resolve`` loads it from that)."""
+        return (self.name, self.config, self.threads, self.generation)
+
     def __reduce__(self):
         """Pickled (to a scoring process, ``server.engine``) as a reference that the process resolves to its own copy."""
-        return (resolve, (self.name, self.config, self.threads, self.generation))
+        return (resolve, self.ref())
 
     def profile(self, name: str) -> Profile:
         if name not in self.profiles:

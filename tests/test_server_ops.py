@@ -162,10 +162,14 @@ def test_reload_swaps_models_under_load_and_a_failed_one_keeps_them(bundles, tmp
     ]
 
 
-def test_a_reload_frees_the_old_models(bundles, tmp_path):
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_a_reload_frees_the_old_models(bundles, tmp_path, engine):
     """Once swapped out and past their last call, nothing holds the old models: each set is the size of its graphs
-    and n-gram, and a reload that kept them would grow the process by that much every time."""
-    config = load_config(write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1]))
+    and n-gram, and a reload that kept them would grow the process by that much every time (the scoring processes'
+    pool, which starts new workers with the current models, holds references to them, not the models)."""
+    config = load_config(
+        write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1], server=f'engine = "{engine}"\n')
+    )
 
     async def scenario() -> bool:
         server = LMServer(config, ModelSet.load(config))
