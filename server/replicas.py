@@ -4,8 +4,8 @@ Why: CPython runs one server process's Python on one core at a time (the GIL), a
 the engine's prefix trees and n-gram lookups, reranking), so one process serves about 1.4 of 2 cores at best. The
 service is stateless (decoder states travel with the calls), so N processes answer exactly like one; clients go
 round-robin over them per call (``LMServeClient`` and the CLIs take ``ipv4:HOST:PORT1,HOST:PORT2``), which spreads
-even a single client's calls. Measured on 2 cores at concurrency 32: two replicas of ``workers = 1`` served 1.40x the
-30-best lists of one process of 2 scoring threads (``benchmarks/serve_load.py``).
+even a single client's calls. Measured on 2 cores at concurrency 32: two replicas of ``workers = 1`` served
+1.35-1.40x the 30-best lists of one process of 2 scoring threads (``benchmarks/serve_load.py``).
 
 How: this supervisor starts the replicas (``lm-serve serve`` with ``LMSERVE_REPLICA=i`` in the environment, which
 every log line of replica i carries as ``"replica": i``) on ports ``port + i`` (all free ones with port 0) and
