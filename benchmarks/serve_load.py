@@ -11,14 +11,15 @@ Concurrency 32 runs in rounds that take turns, so that the ratios stay fair when
 goes: per round, the same slice of lists goes (a) through the offline scorer, (b) to the server with batching on,
 (c) to an identical server with batching off, (d) to a server whose 2 scoring workers are processes
 (``engine = "processes"``, ``server.engine``), (e) to two replicas of 1 scoring thread each (``lm-serve serve
---replicas 2``), the calls taking turns between them (gRPC round-robin over one channel). The offline scorer is the same work without gRPC
-(``rescoring.lmscores.compute`` and the weights' choice) in this process, on as many threads as the server scores with
-(2, of 1 intra-op thread each), 64 lists per compute call (its default). Figures at 32 are medians over the rounds
+--replicas 2``), the calls taking turns between them (gRPC round-robin over one channel). The offline scorer is the
+same work without gRPC (``rescoring.lmscores.compute`` and the weights' choice) in this process, on as many threads
+as the server scores with (2, of 1 intra-op thread each), 64 lists per compute call (its default). Figures at 32 are medians over the rounds
 (latency percentiles over all their calls); ``c32_vs_offline`` and ``batching_speedup_c32`` are ratios of medians.
 The replicas and the scoring processes show what one process leaves on the table: its threads hold the GIL for much
 of each call (py-spy at concurrency 32: 60% of the time), so one server process uses about 1.4 of 2 cores. The
-processes server is also timed at concurrency 1 (``processes_c1_*``): its calls cross a process boundary twice. ``--precision`` picks the bundle
-served and scored offline: ``int8`` (default, the rescoring model as served) or ``fp32``.
+processes server is also timed at concurrency 1 (``processes_c1_*``): its calls cross a process boundary twice.
+``--precision`` picks the bundle served and scored offline: ``int8`` (default, the rescoring model as served) or
+``fp32``.
 
 ``engine_alone_*``: the concurrency-1 lists scored one at a time in this process (compute and reranking, no gRPC),
 so that the service's own share of the concurrency-1 latency can be read off.

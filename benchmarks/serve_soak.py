@@ -7,8 +7,8 @@ The LibriSpeech rescoring server of ``serve_load`` (2 scoring threads of 1 ONNX 
 8 a call) and 4 decoders stepping through dev_other transcripts (ScoreNextWords, 8 candidates, each step carrying the
 state of the last). Meanwhile:
 
-- the server's RSS (with its scoring processes') is sampled every 5 s; growth is the median of the last minute before the shutdown against the
-  median of the minute after a 1-minute warm-up;
+- the server's RSS (with its scoring processes') is sampled every 5 s; growth is the median of the last minute
+  before the shutdown against the median of the minute after a 1-minute warm-up;
 - at 40% of the time the models are reloaded by ``Admin.ReloadModels``, at 70% by SIGHUP; a call that was in flight
   during a reload (started before it ended, ended after it started) and failed counts in ``failed_inflight_on_reload``;
 - at the end, SIGTERM while the callers go on: calls the server had accepted must still be answered

@@ -68,7 +68,7 @@ class ServedModel:
         return (self.name, self.config, self.threads, self.generation)
 
     def __reduce__(self):
-        """Pickled (to a scoring process, ``server.engine``) as a reference that the process resolves to its own copy."""
+        """Pickled (to a scoring process, ``server.engine``) as a reference the process resolves to its own copy."""
         return (resolve, self.ref())
 
     def profile(self, name: str) -> Profile:

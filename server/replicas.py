@@ -46,11 +46,11 @@ class Replica:
 
     def _copy_log(self) -> None:
         out = sys.stderr.buffer
-        record = None
         for line in self.proc.stderr:
             out.write(line)
             out.flush()
             if not self.ready.is_set() and b'"listening"' in line:
+                record = None
                 with contextlib.suppress(ValueError):
                     record = json.loads(line)
                 if isinstance(record, dict) and record.get("message") == "listening":
