@@ -21,11 +21,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def git_commit() -> str:
-    """HEAD, with ``-dirty`` when tracked files differ from it (the figures then come from uncommitted code)."""
+    """HEAD, with ``-dirty`` when tracked files differ from it (the figures then come from uncommitted code).
+
+    A copy of the tree without its git history (a lent GPU machine gets one) names its commit in $LMSERVE_COMMIT.
+    """
 
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
+    if not (ROOT / ".git").exists():
+        return os.environ.get("LMSERVE_COMMIT", "unknown")
     commit = git("rev-parse", "HEAD") or "unknown"
     return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
@@ -52,6 +57,7 @@ def machine() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        **({"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}),
     }
 
 

@@ -47,6 +47,7 @@ def test_int_accepted_where_a_float_is_expected(tmp_path):
         ("[model]\nlayers = 2\n", ["model.layers=2.5"], "model.layers: expected an integer"),
         ("[model]\ntie_embeddings = 1\n", [], "expected true or false"),
         ("[model\n", [], "not valid TOML"),
+        ("[train]\ndevice = 'gpu'\n", [], "train.device = 'gpu', expected cpu, cuda or cuda:N"),
     ],
 )
 def test_errors_name_the_file_and_key(tmp_path, text, overrides, message):

@@ -26,6 +26,16 @@ class Batch:
     mask: torch.Tensor | None  # [T, B] bool, None when every position counts
     num_sequences: int
 
+    def to(self, device: torch.device) -> Batch:
+        """The batch on ``device`` (batches are built on the CPU; a GPU run moves each one as it trains on it)."""
+        mask = None if self.mask is None else self.mask.to(device, non_blocking=True)
+        return Batch(
+            self.inputs.to(device, non_blocking=True),
+            self.targets.to(device, non_blocking=True),
+            mask,
+            self.num_sequences,
+        )
+
     @property
     def num_tokens(self) -> int:
         return self.targets.numel() if self.mask is None else int(self.mask.sum())

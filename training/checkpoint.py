@@ -71,6 +71,8 @@ def save_checkpoint(
     path = ckpt_root / name
     optimizer_plain, tensors = _split_optimizer_state(optimizer.state_dict())
     tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_initialized():  # a GPU run: dropout and noise samples draw from the GPU's generator
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
     if carried is not None:
         tensors["carried.h"], tensors["carried.c"] = (t.detach().contiguous() for t in carried)
     with atomic_directory(path) as tmp:
@@ -138,5 +140,7 @@ def load_training_state(ckpt: Path, optimizer: torch.optim.Optimizer) -> tuple[d
     tensors = load_file(str(ckpt / "trainer.safetensors"))
     optimizer.load_state_dict(_join_optimizer_state(state.pop("optimizer"), tensors))
     torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
     carried = (tensors["carried.h"], tensors["carried.c"]) if "carried.h" in tensors else None
     return state, carried

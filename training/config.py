@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -126,6 +127,7 @@ class ScheduleConfig:
 class TrainConfig:
     seed: int = 1
     threads: int = 0  # 0 = PyTorch's default
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the model trains (checkpoints and bundles are the same)
     batch_size: int = 20  # streams (stream mode) or sentences (sentence mode)
     bptt: int = 20
     eval_batch_size: int = 10
@@ -235,6 +237,8 @@ def config_from_dict(raw: dict, source: str = "<config>") -> Config:
 
 def _check_head_and_objective(config: Config, source: str) -> None:
     """Combinations that cannot work, caught before a run starts."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", config.train.device):
+        raise ConfigError(f"{source}: train.device = {config.train.device!r}, expected cpu, cuda or cuda:N")
     head, objective = config.head, config.objective
     if objective.type in SAMPLED_OBJECTIVES and head.type not in LINEAR_HEADS:
         raise ConfigError(

@@ -36,10 +36,12 @@ def evaluate(model: LSTMLM, batcher, unk_id: int) -> EvalResult:
     was_training = model.training
     model.eval()
     head = model.head.frozen()  # a char-CNN head's matrix computed once, not at every batch
+    device = next(model.parameters()).device
     nll = nll_oov = logz_sum = logz_sq = 0.0
     tokens = oov = 0
     state = None
     for batch in batcher.batches():
+        batch = batch.to(device)
         hidden, state = model(batch.inputs, state if batcher.carries_state else None)
         h, targets = flatten(hidden, batch)
         score, log_norms = head.target_terms(h, targets)

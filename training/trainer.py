@@ -128,6 +128,21 @@ def build_vocab(cfg: Config) -> Vocabulary:
     return Vocabulary.build(sentences, v.min_count, v.max_size, v.unk)
 
 
+def training_device(name: str) -> torch.device:
+    """``train.device`` as a torch device, checked here rather than at the first batch."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"train.device = {name!r}: PyTorch {torch.__version__} sees no CUDA GPU on this machine "
+                '(set train.device = "cpu", or install a CUDA build of torch where there is one)'
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"train.device = {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+        torch.cuda.set_device(device)  # so that the CUDA RNG state saved in checkpoints is this GPU's
+    return device
+
+
 class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, vocab: Vocabulary):
         self.cfg = cfg
@@ -158,9 +173,11 @@ class Trainer:
                 f"train: skipping {self.train_batches.skipped} sentences longer than {cfg.data.max_sentence_len} words",
                 file=sys.stderr,
             )
+        self.device = training_device(cfg.train.device)
         torch.manual_seed(cfg.train.seed)
         self.model = LSTMLM(len(vocab), cfg.model, cfg.head, vocab.tokens)
         self.model.head.init_bias(torch.tensor(vocab.target_log_prior()), set_bias=cfg.head.bias_init == "unigram")
+        self.model.to(self.device)  # built and initialised on the CPU, so a seed gives the same start on any device
         self.objective = build_objective(cfg.objective)
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
@@ -203,7 +220,8 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         trainer = cls(cfg, run_dir, Vocabulary.load(ckpt / "vocab.tsv"))
         load_model(trainer.model, str(ckpt / "model.safetensors"))
-        state, trainer.carried = load_training_state(ckpt, trainer.optimizer)
+        state, carried = load_training_state(ckpt, trainer.optimizer)
+        trainer.carried = None if carried is None else tuple(t.to(trainer.device) for t in carried)
         trainer.scheduler.load_state_dict(state.pop("scheduler"))
         trainer.state = state
         trainer.log.write("resume", checkpoint=ckpt.name, epochs_done=state["epochs_done"], batch=state["batch"])
@@ -293,6 +311,7 @@ class Trainer:
     def step(self, batch: Batch, state):
         """One optimisation step; returns (summed NLL, predicted tokens, LSTM state to carry or None)."""
         cfg, model = self.cfg, self.model
+        batch = batch.to(self.device)
         hidden, state = model(batch.inputs, state)
         state = tuple(s.detach() for s in state) if self.train_batches.carries_state else None
         h, targets = flatten(hidden, batch)

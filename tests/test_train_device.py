@@ -1,0 +1,98 @@
+"""``train.device``: a run on a CUDA GPU trains, checkpoints and resumes like a CPU run, and its checkpoints are
+ordinary ones that evaluate and export on a machine without a GPU. The GPU tests run where PyTorch sees one (the
+lent GPU machine: ``pytest tests/test_train_device.py``); on a CPU-only machine the clear error is what is tested."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import make_sentences, tiny_config_text, write_corpus
+from safetensors.torch import load_file
+from test_train_cli import resume, start_and_signal
+
+from training.checkpoint import load_model_for_eval
+from training.cli import main
+from training.corpus import encode_file
+from training.evaluate import evaluate
+from training.trainer import make_batcher
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch sees no CUDA GPU here")
+
+# (head, objective overrides): each head and a sampled objective, so every buffer and noise draw meets the GPU
+RUNS = [
+    ("full", {}),
+    ("adaptive", {}),
+    ("class", {}),
+    ("tree", {}),
+    ("full", {"type": "importance_sampling", "samples": 20, "noise_power": 0.5, "noise_uniform": 0.1}),
+    ("full", {"type": "nce", "samples": 20}),
+]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the GPU tests below run instead")
+def test_a_gpu_run_without_a_gpu_is_a_clear_error(tmp_path, write_config, capsys):
+    assert main(["fit", str(write_config(train={"device": "cuda"})), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "train.device = 'cuda'" in err and "sees no CUDA GPU" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@needs_gpu
+@pytest.mark.parametrize(("head", "objective"), RUNS, ids=[f"{h}-{o.get('type', 'ce')}" for h, o in RUNS])
+def test_gpu_run_learns_and_its_checkpoint_evaluates_the_same_on_the_cpu(
+    tmp_path, write_config, tiny_corpus, capsys, head, objective
+):
+    sections = {"train": {"device": "cuda"}, "objective": objective}
+    if head == "adaptive":
+        sections["head"] = {"cutoffs": [10, 25]}
+    config = write_config("sentence", head, **sections)
+    gpu = tmp_path / "gpu"
+    assert main(["fit", str(config), "--out", str(gpu)]) == 0
+    results = json.loads(capsys.readouterr().out)
+    valid = [
+        e["ppl"] for e in map(json.loads, (gpu / "metrics.jsonl").read_text().splitlines()) if e["event"] == "valid"
+    ]
+    assert valid[-1] < valid[0] and results["test"]["ppl"] < 30  # a 40-word language: uniform would be ~43
+
+    cfg, vocab, model = load_model_for_eval(gpu)  # on the CPU
+    assert next(model.parameters()).device.type == "cpu"
+    corpus = encode_file(str(tiny_corpus["test"]), vocab, cfg.data.lowercase)
+    on_cpu = evaluate(model, make_batcher(cfg, corpus, vocab, training=False), vocab.unk_id)
+    assert on_cpu.ppl == pytest.approx(results["test"]["ppl"], rel=1e-4)
+
+
+@needs_gpu
+def test_gpu_run_stopped_by_ctrl_c_resumes_to_the_uninterrupted_result(tmp_path):
+    """Stream mode (the carried LSTM state comes back to the GPU), dropout and importance sampling (both draw from
+    the GPU's generator, which the checkpoint keeps). CUDA sums in varying order (index_add), so the figures agree to
+    rounding, not bit for bit."""
+    corpus = {
+        "train": write_corpus(tmp_path / "train.txt", make_sentences(1500, seed=4)),
+        "valid": write_corpus(tmp_path / "valid.txt", make_sentences(50, seed=5)),
+        "test": write_corpus(tmp_path / "test.txt", make_sentences(50, seed=6)),
+    }
+    config = tmp_path / "config.toml"
+    config.write_text(
+        tiny_config_text(
+            corpus,
+            "stream",
+            "full",
+            train={"epochs": 3, "log_interval": 1, "device": "cuda"},
+            objective={"type": "importance_sampling", "samples": 20},
+        )
+    )
+    whole = tmp_path / "whole"
+    subprocess.run([sys.executable, "-m", "training.cli", "fit", str(config), "--out", str(whole)], check=True)
+    expected = json.loads((whole / "results.json").read_text())
+
+    run = tmp_path / "run"
+    status, stderr = start_and_signal(config, run, epoch=2, sig=signal.SIGINT)
+    assert status == 130, stderr[-2000:]
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    saved = load_file(run / "checkpoints" / latest / "trainer.safetensors")
+    assert latest.startswith("ckpt-001-") and {"rng.cuda", "carried.h"} <= saved.keys()
+    resumed = resume(run)
+    assert resumed["test"]["ppl"] == pytest.approx(expected["test"]["ppl"], rel=1e-3)
