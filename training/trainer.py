@@ -139,7 +139,13 @@ def training_device(name: str) -> torch.device:
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"train.device = {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
-        torch.cuda.set_device(device)  # so that the CUDA RNG state saved in checkpoints is this GPU's
+        if device.index is not None:
+            torch.cuda.set_device(device)  # so that the CUDA RNG state saved in checkpoints is this GPU's
+        # full fp32 in cuDNN's LSTM as in every other product: TF32 would round operands to 10-bit mantissas, and a
+        # GPU run's perplexities then differ from the CPU's evaluation of its own checkpoint (a launch-bound small
+        # model gains nothing from it)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     return device
 
 
