@@ -12,6 +12,7 @@ Layout of ``RUN/checkpoints/ckpt-EEE-BBBBBB/`` (E = completed epochs, B = batche
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -40,7 +41,7 @@ def _split_optimizer_state(state_dict: dict) -> tuple[dict, dict[str, torch.Tens
         plain[str(pid)] = {}
         for name, value in slots.items():
             if torch.is_tensor(value):
-                tensors[f"optimizer.{pid}.{name}"] = value.detach().contiguous()
+                tensors[f"optimizer.{pid}.{name}"] = value.detach().cpu().contiguous()
             else:
                 plain[str(pid)][name] = value
     return {"state": plain, "param_groups": state_dict["param_groups"]}, tensors
@@ -74,15 +75,33 @@ def save_checkpoint(
     if torch.cuda.is_initialized():  # a GPU run: dropout and noise samples draw from the GPU's generator
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
     if carried is not None:
-        tensors["carried.h"], tensors["carried.c"] = (t.detach().contiguous() for t in carried)
+        tensors["carried.h"], tensors["carried.c"] = (t.detach().cpu().contiguous() for t in carried)
     with atomic_directory(path) as tmp:
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         vocab.save(tmp / "vocab.tsv")
-        save_model(model, str(tmp / "model.safetensors"))
+        save_weights(model, tmp / "model.safetensors")
         save_file(tensors, str(tmp / "trainer.safetensors"))
         (tmp / "state.json").write_text(json.dumps({**state, "optimizer": optimizer_plain}, indent=2) + "\n")
     atomic_write_text(ckpt_root / "latest", name + "\n")
     return path
+
+
+def _cpu_twin(model: LSTMLM) -> LSTMLM:
+    """The model itself on the CPU, else a CPU copy: on a GPU, cuDNN keeps an LSTM's weights as views of one flat
+    buffer, which safetensors refuses to save or load as separate tensors (tied weights stay tied in the copy)."""
+    return model if next(model.parameters()).device.type == "cpu" else copy.deepcopy(model).cpu()
+
+
+def save_weights(model: LSTMLM, path: Path) -> None:
+    save_model(_cpu_twin(model), str(path))
+
+
+def load_weights(model: LSTMLM, path: Path) -> None:
+    """Load ``model.safetensors`` into ``model`` wherever it lives (strict: every weight, nothing else)."""
+    twin = _cpu_twin(model)
+    load_model(twin, str(path))
+    if twin is not model:
+        model.load_state_dict(twin.state_dict())
 
 
 def mark_best(run_dir: Path, name: str) -> None:

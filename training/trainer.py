@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model
 from tqdm import tqdm
 
 from training.atomic import atomic_write_text
@@ -26,6 +25,7 @@ from training.checkpoint import (
     CheckpointError,
     checkpoint_name,
     load_training_state,
+    load_weights,
     mark_best,
     prune_checkpoints,
     resolve_checkpoint,
@@ -225,7 +225,7 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         trainer = cls(cfg, run_dir, Vocabulary.load(ckpt / "vocab.tsv"))
-        load_model(trainer.model, str(ckpt / "model.safetensors"))
+        load_weights(trainer.model, ckpt / "model.safetensors")
         state, carried = load_training_state(ckpt, trainer.optimizer)
         trainer.carried = None if carried is None else tuple(t.to(trainer.device) for t in carried)
         trainer.scheduler.load_state_dict(state.pop("scheduler"))
@@ -395,7 +395,7 @@ class Trainer:
         """Evaluate the best checkpoint on validation and test and write ``results.json``."""
         st = self.state
         best = resolve_checkpoint(self.run_dir, "best")
-        load_model(self.model, str(best / "model.safetensors"))
+        load_weights(self.model, best / "model.safetensors")
         results = {
             "stopped": st["finished"],
             "best_checkpoint": best.name,
