@@ -23,14 +23,15 @@ RESULTS = ROOT / "benchmarks" / "results"
 def git_commit() -> str:
     """HEAD, with ``-dirty`` when tracked files differ from it (the figures then come from uncommitted code).
 
-    A copy of the tree without its git history (a lent GPU machine gets one) names its commit in $LMSERVE_COMMIT.
+    A copy of the tree sent elsewhere (a lent GPU machine gets one, with a stale or no git history) is named by
+    $LMSERVE_COMMIT, which wins when set.
     """
 
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
-    if not (ROOT / ".git").exists():
-        return os.environ.get("LMSERVE_COMMIT", "unknown")
+    if os.environ.get("LMSERVE_COMMIT"):
+        return os.environ["LMSERVE_COMMIT"]
     commit = git("rev-parse", "HEAD") or "unknown"
     return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
