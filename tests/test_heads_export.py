@@ -19,6 +19,12 @@ from training.export import SentencesGraph, StepGraph
 ROWS = {
     "class": ({"type": "class", "bias_init": "unigram", "classes": 6}, {}, False),
     "class-selfnorm": ({"type": "class", "bias_init": "unigram", "classes": 6}, {"selfnorm_alpha": 0.5}, True),
+    # classes clustered from the "class" row's trained embeddings ({runs}: this module's run folder)
+    "class-clustered": (
+        {"type": "class", "bias_init": "unigram", "classes": 6, "class_embeddings": "{runs}/class"},
+        {},
+        False,
+    ),
     "tree": ({"type": "tree", "bias_init": "unigram"}, {}, False),
     "slim": ({"type": "slim", "slim_subvectors": 4, "slim_pool": 32}, {}, False),
     "full-nce": (
@@ -65,7 +71,9 @@ def exported(tmp_path_factory):
                 model=MODEL.get(name, {}),
             )
         )
-        overrides = [f"--set=head.{key}={toml_value(value)}" for key, value in head.items()]
+        overrides = [
+            f"--set=head.{key}={toml_value(value)}".replace("{runs}", str(root)) for key, value in head.items()
+        ]
         assert main(["fit", str(config), "--out", str(root / name), *overrides]) == 0
         assert main(["export", "--checkpoint", str(root / name), "--out", str(root / f"{name}.bundle")]) == 0
         made[name] = (root / name, root / f"{name}.bundle")

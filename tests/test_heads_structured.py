@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from training.config import HeadConfig
 from training.heads import ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax, build_head
-from training.heads.class_based import frequency_bins
+from training.heads.class_based import clustered_classes, frequency_bins
 from training.heads.tree import huffman_branches
 
 V, D, N = 60, 12, 40
@@ -110,6 +110,61 @@ def test_class_bins_are_rebuilt_from_a_checkpoint():
     fresh.load_state_dict(trained.state_dict())
     hidden = torch.randn(4, D)
     torch.testing.assert_close(fresh.log_probs(hidden), trained.log_probs(hidden))
+
+
+def two_groups(tmp_path) -> tuple[np.ndarray, str]:
+    """Embeddings of V words in two tight groups, even ids and odd ids, saved as a checkpoint's."""
+    rng = np.random.default_rng(0)
+    centres = np.where(np.arange(V)[:, None] % 2 == 0, 3.0, -3.0) * np.eye(1, D)
+    vectors = centres + rng.normal(scale=0.1, size=(V, D))
+    (tmp_path / "ckpt").mkdir()
+    save_file(
+        {"embedding.weight": torch.tensor(vectors, dtype=torch.float32)}, str(tmp_path / "ckpt" / "model.safetensors")
+    )
+    return vectors, str(tmp_path / "ckpt")
+
+
+def test_clustered_classes_keep_similar_words_together_with_balanced_mass(tmp_path):
+    vectors, _ = two_groups(tmp_path)
+    prior = zipf_prior(V)
+    halves = clustered_classes(vectors, prior, 2)
+    assert sorted(tuple(c % 2 for c in members) for members in halves) == [(0,) * 30, (1,) * 30]
+    classes = clustered_classes(vectors, prior, 8)
+    assert len(classes) == 8 and sorted(np.concatenate(classes).tolist()) == list(range(V))
+    assert all(len({w % 2 for w in members}) == 1 for members in classes)  # no class mixes the two groups
+    mass = [np.exp(0.5 * prior.double().numpy()[members]).sum() for members in classes]
+    assert mass == sorted(mass, reverse=True) and mass[0] < 4 * mass[-1]
+    assert [len(m) for m in clustered_classes(vectors, prior, V)] == [1] * V  # as many classes as words
+
+
+def test_clustered_class_head_is_a_distribution_in_word_ids_and_survives_a_checkpoint(tmp_path):
+    _, ckpt = two_groups(tmp_path)
+    torch.manual_seed(0)
+    head = build_head(HeadConfig(type="class", classes=6, class_embeddings=ckpt), D, V)
+    head.init_bias(zipf_prior(V))
+    assert sorted(head.position.tolist()) == list(range(V)) and head.position.tolist() != list(range(V))
+    assert len({w % 2 for w in range(V) if head.word_class[head.position[w]] == 0}) == 1
+    hidden, targets = torch.randn(N, D), torch.randint(0, V, (N,))
+    log_probs = head.log_probs(hidden)
+    torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(N))
+    want = log_probs.gather(1, targets[:, None]).squeeze(1)
+    torch.testing.assert_close(head.target_logprob(hidden, targets), want)
+    score, log_norms = head.target_terms(hidden, targets)
+    torch.testing.assert_close(score - log_norms.sum(-1), want)
+    torch.testing.assert_close(
+        head.target_score(hidden, targets), head.scores(hidden).gather(1, targets[:, None]).squeeze(1)
+    )
+    # a zero state predicts the prior exactly, in word ids
+    torch.testing.assert_close(head.log_probs(torch.zeros(1, D))[0], zipf_prior(V), atol=1e-5, rtol=0)
+
+    fresh = ClassSoftmax(D, V, classes=6)  # no embeddings needed to load: the layout is in the checkpoint
+    fresh.load_state_dict(head.state_dict())
+    torch.testing.assert_close(fresh.log_probs(hidden), log_probs)
+    older = {k: v for k, v in ClassSoftmax(D, V, classes=6).state_dict().items() if k != "position"}
+    fresh.load_state_dict(older)  # a checkpoint from before clustered classes: frequency bins, in id order
+    assert fresh.position.tolist() == list(range(V))
+    with pytest.raises(ValueError, match="head.class_embeddings"):
+        ClassSoftmax(D, V + 1, classes=6, embeddings=ckpt).init_bias(zipf_prior(V + 1))
 
 
 def test_huffman_branches_put_children_before_parents():

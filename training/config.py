@@ -70,7 +70,10 @@ class HeadConfig:
     # (the bias-at-log-P_noise fix of NCE). The head gets the distribution either way: class and Huffman-tree heads
     # are built from it, sampled objectives draw noise from it.
     bias_init: str = "uniform"
-    classes: int = 0  # class: number of frequency bins (0 = round(sqrt(|V|)))
+    classes: int = 0  # class: number of classes (0 = round(sqrt(|V|)))
+    # class: a trained run (or checkpoint) over the same vocabulary whose input embeddings are clustered into the
+    # classes (empty: frequency bins)
+    class_embeddings: str = ""
     # tree: huffman (codes of the training unigram) | clustered (top-down splits of tree_embeddings) | balanced
     tree: str = "huffman"
     tree_embeddings: str = ""  # tree = clustered: a trained run (or checkpoint) over the same vocabulary

@@ -21,7 +21,7 @@ def build_head(cfg: HeadConfig, in_dim: int, vocab_size: int, words: list[str] |
     elif cfg.type == "adaptive":
         head = AdaptiveSoftmax(in_dim, vocab_size, cfg.cutoffs, cfg.div_value)
     elif cfg.type == "class":
-        head = ClassSoftmax(in_dim, vocab_size, cfg.classes)
+        head = ClassSoftmax(in_dim, vocab_size, cfg.classes, cfg.class_embeddings)
     elif cfg.type == "tree":
         head = TreeSoftmax(in_dim, vocab_size, cfg.tree, cfg.tree_embeddings)
     elif cfg.type == "slim":

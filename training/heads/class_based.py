@@ -1,27 +1,36 @@
 """Class-based softmax (Goodman 2001; Mikolov et al. 2011): p(w | h) = p(class(w) | h) · p(w | class(w), h).
 
-Classes are frequency bins: ids are sorted by descending frequency (the vocabulary guarantees it, specials aside), so
-each class is a contiguous id range, cut where the running sum of sqrt(frequency) crosses a multiple of 1/C — the
-binning of Mikolov's rnnlm toolkit. Binning sqrt-frequencies rather than frequencies keeps the rare-word classes
-small (PTB, 100 classes: at most 293 words instead of 1633).
+By default classes are frequency bins: ids are sorted by descending frequency (the vocabulary guarantees it,
+specials aside), so each class is a contiguous id range, cut where the running sum of sqrt(frequency) crosses a
+multiple of 1/C — the binning of Mikolov's rnnlm toolkit. Binning sqrt-frequencies rather than frequencies keeps the
+rare-word classes small (PTB, 100 classes: at most 293 words instead of 1633). With ``class_embeddings`` the classes
+are clusters of a trained model's embeddings instead, of about equal sqrt-frequency mass (``clustered_classes``), so
+that a class holds words used alike rather than words equally frequent.
+
+Internally the words are laid out class after class: ``position`` (a buffer saved with the model; the identity for
+frequency bins) maps a word id to its row of the word matrix, every class is a contiguous range of rows, and the
+heads' inputs and outputs are in word ids.
 
 A target costs the class softmax and its own class. Training groups a batch's targets by class (``target_terms``);
 the exported graphs, which must be branch-free, gather each target's class padded to the largest class instead
 (``_in_class``), and score the whole vocabulary through the same padded ``[C, S]`` table (``log_probs``).
 
-Until ``init_bias`` hands over the training unigram, the classes are equal-sized id ranges; the bounds are a buffer
-saved with the model, and everything else is derived from them.
+Until ``init_bias`` hands over the training unigram, the classes are equal-sized id ranges; the bounds and the
+positions are buffers saved with the model, and everything else is derived from them.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from itertools import pairwise
 
+import numpy as np
 import torch
 from torch import nn
 
 from training.heads.base import Head, per_candidate, rowwise_dot
+from training.heads.tree import clustered_branches, load_embeddings
 
 
 def frequency_bins(log_prior: torch.Tensor, classes: int) -> torch.Tensor:
@@ -36,18 +45,58 @@ def frequency_bins(log_prior: torch.Tensor, classes: int) -> torch.Tensor:
     return torch.tensor([*bounds, vocab_size])
 
 
+def clustered_classes(vectors: np.ndarray, log_prior: torch.Tensor, classes: int) -> list[np.ndarray]:
+    """``classes`` groups of word ids, similar embeddings together, of about equal sqrt-frequency mass (heaviest
+    first): the clustered tree over sqrt-frequencies (``tree.clustered_branches``) cut top-down, always at the
+    heaviest subtree that is more than one word, until there are ``classes`` subtrees."""
+    weights = (0.5 * log_prior.double()).exp().cpu().numpy()
+    vocab_size = len(weights)
+    branches = clustered_branches(vectors, weights).tolist()
+    mass = np.concatenate([weights, np.zeros(len(branches))])
+    for i, (left, right) in enumerate(branches):  # children before parents
+        mass[vocab_size + i] = mass[left] + mass[right]
+    root = 2 * vocab_size - 2 if branches else 0
+    splittable, words = [(-mass[root], root)] if branches else [], [] if branches else [root]
+    while splittable and len(splittable) + len(words) < classes:
+        _, node = heapq.heappop(splittable)
+        for child in branches[node - vocab_size]:
+            if child < vocab_size:
+                words.append(child)
+            else:
+                heapq.heappush(splittable, (-mass[child], child))
+
+    def leaves(node: int) -> list[int]:
+        stack, out = [node], []
+        while stack:
+            n = stack.pop()
+            if n < vocab_size:
+                out.append(n)
+            else:
+                stack.extend(branches[n - vocab_size])
+        return out
+
+    nodes = sorted([node for _, node in splittable] + words, key=lambda n: -mass[n])
+    return [np.sort(leaves(node)) for node in nodes]
+
+
 class ClassSoftmax(Head):
-    def __init__(self, in_dim: int, vocab_size: int, classes: int = 0):
+    def __init__(self, in_dim: int, vocab_size: int, classes: int = 0, embeddings: str = ""):
         super().__init__()
         classes = classes or round(math.sqrt(vocab_size))
         if not 1 <= classes <= vocab_size:
             raise ValueError(f"head.classes = {classes}: expected between 1 and the vocabulary size {vocab_size}")
         self.vocab_size = vocab_size
+        self.embeddings = embeddings
         self.classes = nn.Linear(in_dim, classes)
-        self.words = nn.Linear(in_dim, vocab_size)  # each word's vector and bias inside its class
+        self.words = nn.Linear(in_dim, vocab_size)  # row position[w]: word w's vector and bias inside its class
         equal = torch.linspace(0, vocab_size, classes + 1).round().long()
         self.register_buffer("bounds", equal)
+        self.register_buffer("position", torch.arange(vocab_size))
         self._derive()
+        # checkpoints from before clustered classes have frequency bins: the identity layout
+        self.register_load_state_dict_pre_hook(
+            lambda module, state, prefix, *_: state.setdefault(prefix + "position", torch.arange(module.vocab_size))
+        )
         self.register_load_state_dict_post_hook(lambda module, _keys: module._derive())
 
     def _derive(self) -> None:
@@ -69,18 +118,30 @@ class ClassSoftmax(Head):
 
     @torch.no_grad()
     def fit_prior(self, log_prior):
-        self.bounds.copy_(frequency_bins(log_prior, len(self.bounds) - 1))
+        classes = len(self.bounds) - 1
+        if self.embeddings:
+            vectors = load_embeddings(self.embeddings, self.vocab_size, "head.class_embeddings")
+            members = clustered_classes(vectors, log_prior, classes)
+            order = torch.from_numpy(np.concatenate(members))
+            sizes = torch.tensor([len(m) for m in members])
+            self.bounds.copy_(torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]))
+            self.position.copy_(torch.empty_like(order).scatter_(0, order, torch.arange(self.vocab_size)))
+        else:
+            self.bounds.copy_(frequency_bins(log_prior, classes))
+            self.position.copy_(torch.arange(self.vocab_size))
         self._derive()
 
     @torch.no_grad()
     def set_prior_bias(self, log_prior):
         """Class biases at the class's mass, word biases at the word's share of it."""
-        class_mass = torch.stack([log_prior[a:b].logsumexp(0) for a, b in pairwise(self.bounds.tolist())])
+        in_rows = torch.empty_like(log_prior).scatter_(0, self.position, log_prior)  # row order
+        class_mass = torch.stack([in_rows[a:b].logsumexp(0) for a, b in pairwise(self.bounds.tolist())])
         self.classes.bias.copy_(class_mass)
-        self.words.bias.copy_(log_prior - class_mass.index_select(0, self.word_class))
+        self.words.bias.copy_(in_rows - class_mass.index_select(0, self.word_class))
 
     def _in_class(self, hidden, targets):
         """(class of each target, its position in the class, masked logits ``[N, S]`` of the class's words)."""
+        targets = self.position.index_select(0, targets)
         cls = self.word_class.index_select(0, targets)
         start = self.bounds.index_select(0, cls)
         ids = self.table_ids.index_select(0, cls)  # [N, S]
@@ -95,6 +156,7 @@ class ClassSoftmax(Head):
         classes are id ranges). A per-row gather of the class's vectors (``_in_class``, what the exported graphs do,
         being branch-free) copies them once per row: over a 512-position PTB batch that is 20M floats, three times
         slower than the full softmax's product; grouped, each class's vectors are read once."""
+        targets = self.position.index_select(0, targets)
         cls = self.word_class.index_select(0, targets)
         order = torch.argsort(cls, stable=True)
         present, counts = torch.unique_consecutive(cls.index_select(0, order), return_counts=True)
@@ -128,11 +190,13 @@ class ClassSoftmax(Head):
         table = self.words(hidden).index_select(1, self.table_ids.reshape(-1)).reshape(-1, classes, size)
         in_class = torch.log_softmax(table.masked_fill(~self.table_valid, float("-inf")), dim=-1)
         class_logprob = torch.log_softmax(self.classes(hidden), dim=-1)
-        return class_logprob.index_select(1, self.word_class) + in_class.reshape(-1, classes * size).index_select(
+        in_rows = class_logprob.index_select(1, self.word_class) + in_class.reshape(-1, classes * size).index_select(
             1, self.word_slot
         )
+        return in_rows.index_select(1, self.position)
 
     def target_score(self, hidden, targets):
+        targets = self.position.index_select(0, targets)
         cls = self.word_class.index_select(0, targets)
         class_score = rowwise_dot(self.classes.weight.index_select(0, cls), hidden) + self.classes.bias.index_select(
             0, cls
@@ -143,4 +207,6 @@ class ClassSoftmax(Head):
         return class_score + word_score
 
     def scores(self, hidden):
-        return self.classes(hidden).index_select(1, self.word_class) + self.words(hidden)
+        return (self.classes(hidden).index_select(1, self.word_class) + self.words(hidden)).index_select(
+            1, self.position
+        )

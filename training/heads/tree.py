@@ -79,19 +79,20 @@ def clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torch.Tensor
     return torch.tensor(branches, dtype=torch.long).reshape(-1, 2)
 
 
-def load_embeddings(path: str, vocab_size: int) -> np.ndarray:
-    """The input embeddings ``[V, E]`` of a trained run or checkpoint over the same vocabulary."""
+def load_embeddings(path: str, vocab_size: int, key: str = "head.tree_embeddings") -> np.ndarray:
+    """The input embeddings ``[V, E]`` of a trained run or checkpoint over the same vocabulary (``key``: the config
+    key that named it, for the errors)."""
     from safetensors.torch import load_file
 
     from training.checkpoint import resolve_checkpoint  # (imports the model, which imports the heads)
 
     tensors = load_file(str(resolve_checkpoint(path) / "model.safetensors"))
     if "embedding.weight" not in tensors:
-        raise ValueError(f"head.tree_embeddings = {path!r}: its model has no embedding matrix (slim input embeddings?)")
+        raise ValueError(f"{key} = {path!r}: its model has no embedding matrix (slim input embeddings?)")
     weights = tensors["embedding.weight"]
     if weights.shape[0] != vocab_size:
         raise ValueError(
-            f"head.tree_embeddings = {path!r}: its embeddings cover {weights.shape[0]} words, the vocabulary has "
+            f"{key} = {path!r}: its embeddings cover {weights.shape[0]} words, the vocabulary has "
             f"{vocab_size} (train it on the same vocabulary, e.g. with vocab.file)"
         )
     return weights.double().numpy()
