@@ -55,8 +55,9 @@ def clustered_classes(vectors: np.ndarray, log_prior: torch.Tensor, classes: int
     mass = np.concatenate([weights, np.zeros(len(branches))])
     for i, (left, right) in enumerate(branches):  # children before parents
         mass[vocab_size + i] = mass[left] + mass[right]
-    root = 2 * vocab_size - 2 if branches else 0
-    splittable, words = [(-mass[root], root)] if branches else [], [] if branches else [root]
+    if not branches:  # a single word
+        return [np.arange(vocab_size)]
+    splittable, words = [(-mass[-1], len(mass) - 1)], []  # the root: the last node
     while splittable and len(splittable) + len(words) < classes:
         _, node = heapq.heappop(splittable)
         for child in branches[node - vocab_size]:
