@@ -72,25 +72,27 @@ def test_noise_is_powered_unigram_mixed_with_uniform_and_sampled_from():
     torch.testing.assert_close(Noise(prior, 1.0, 1.0).log_q.exp(), torch.full((V,), 1 / V))
 
 
-def test_importance_sampling_is_a_corrected_softmax_over_target_and_samples(monkeypatch):
+@pytest.mark.parametrize("target_term", ["corrected", "exact"])
+def test_importance_sampling_is_a_corrected_softmax_over_target_and_samples(monkeypatch, target_term):
     head, hidden, targets = linear_head(), torch.randn(3, D), torch.tensor([0, 4, 9])
     samples = [4, 2, 2, 17]  # duplicates kept; 4 is row 1's own target (an accidental hit)
     fixed_samples(monkeypatch, samples)
-    objective = ImportanceSampling(samples=4)
+    objective = build_objective(ObjectiveConfig(type="importance_sampling", samples=4, target_term=target_term))
     out = objective(head, hidden, targets)
     log_q = objective.noise(head).log_q
     logits = head.scores(hidden)
     want = 0.0
     for n, t in enumerate(targets.tolist()):
-        row = [logits[n, t] - math.log(4) - log_q[t]]
+        row = [logits[n, t] - (math.log(4) + log_q[t] if target_term == "corrected" else 0.0)]
         row += [logits[n, j] - math.log(4) - log_q[j] for j in samples if j != t]
         want = want - (row[0] - torch.stack(row).logsumexp(0))
     torch.testing.assert_close(out.loss, want)
 
 
 def test_importance_sampling_gradient_tends_to_the_cross_entropy_gradient():
-    """With many samples the sampled softmax's gradient is the exact one. (Removing accidental hits leaves the
-    target's own mass out of the estimated normaliser, a bias of the order of p(target): small over many words.)"""
+    """With many samples the sampled softmax's gradient is the exact one. (With the target's logit corrected, its term
+    of the estimated normaliser is off by its expected count S·Q(target), a bias of the order of p(target): small
+    here, where most targets are rare words; the next test takes frequent ones.)"""
     vocab_size, grads = 2000, {}
     for name, objective in (("is", ImportanceSampling(samples=20_000)), ("ce", build_objective(ObjectiveConfig()))):
         torch.manual_seed(0)
@@ -101,6 +103,28 @@ def test_importance_sampling_gradient_tends_to_the_cross_entropy_gradient():
         objective(head, hidden, targets).loss.backward()
         grads[name] = hidden.grad
     assert (grads["is"] - grads["ce"]).norm() < 0.02 * grads["ce"].norm()
+
+
+def test_only_the_exact_target_term_is_consistent_for_frequent_targets():
+    """Frequent targets, many samples: correcting the target's logit by its expected count (thousands here) drops its
+    term from the denominator, and the gradient keeps pushing it up whatever the model predicts; the exact term
+    beside the samples' estimate of the rest of Z gives the cross-entropy gradient."""
+    vocab_size, grads = 2000, {}
+    objectives = {
+        "corrected": ImportanceSampling(samples=20_000),
+        "exact": ImportanceSampling(samples=20_000, exact_target=True),
+        "ce": build_objective(ObjectiveConfig()),
+    }
+    for name, objective in objectives.items():
+        torch.manual_seed(0)
+        head = FullSoftmax(D, vocab_size)
+        head.init_bias(zipf_prior(vocab_size))
+        hidden = torch.randn(N, D, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        targets = torch.arange(N) % 4  # the four most frequent words: p(target) 0.03 to 0.12
+        objective(head, hidden, targets).loss.backward()
+        grads[name] = torch.cat([hidden.grad.flatten(), head.linear.bias.grad])
+    assert (grads["exact"] - grads["ce"]).norm() < 0.03 * grads["ce"].norm()  # 1.6%
+    assert (grads["corrected"] - grads["ce"]).norm() > 0.05 * grads["ce"].norm()  # 7.0%
 
 
 def test_nce_is_logistic_regression_of_data_against_k_noise_words(monkeypatch):

@@ -103,6 +103,10 @@ class ObjectiveConfig:
     noise_power: float = 1.0  # Q ∝ unigram ** noise_power (0.75 for negative sampling as in word2vec; 0 = uniform)
     noise_uniform: float = 0.0  # Q mixed with the uniform distribution: (1 - noise_uniform) Q + noise_uniform / |V|
     beta: float = 1.0  # beta_nce: the power of the divergence (1 = NCE)
+    # importance_sampling: the target's logit in the sampled softmax, corrected by -log(expected count) like the
+    # samples' (TensorFlow's sampled softmax) or exact: its own term of Z beside the samples' estimate of the rest,
+    # an unbiased estimate of Z (see training/objectives/sampled.py)
+    target_term: str = "corrected"
     # sampled objectives: the exact NLL behind the training perplexity is computed on every n-th position only
     nll_stride: int = 64
 
@@ -169,6 +173,7 @@ _CHOICES = {
     ("head", "bias_init"): ("uniform", "unigram"),
     ("head", "tree"): ("huffman", "clustered", "balanced"),
     ("objective", "type"): ("cross_entropy", *SAMPLED_OBJECTIVES),
+    ("objective", "target_term"): ("corrected", "exact"),
     ("optimizer", "name"): ("sgd", "adagrad", "adam"),
     ("schedule", "type"): ("fixed", "plateau"),
     ("train", "loss_reduction"): ("sequence_sum", "token_mean"),

@@ -33,6 +33,8 @@ def build_objective(cfg: ObjectiveConfig):
     )
     if cfg.type == "beta_nce":
         return BetaNCE(cfg.samples, cfg.beta, **common)
+    if cfg.type == "importance_sampling":
+        return ImportanceSampling(cfg.samples, exact_target=cfg.target_term == "exact", **common)
     return SAMPLED_TYPES[cfg.type](cfg.samples, **common)
 
 

@@ -6,7 +6,12 @@ a step costs one ``[N, D] x [D, S]`` product instead of ``[N, D] x [D, V]``. The
 of the target's score s_t and the samples' scores s_j (both already less the head's log_z):
 
 - ``importance_sampling`` — sampled softmax (Bengio & Senécal 2008; Jean et al. 2015): a softmax over the target and
-  the samples, each logit corrected by -log(expected count S·Q(w)); samples equal to the target are removed;
+  the samples, each sample's logit corrected by -log(expected count S·Q(w)); samples equal to the target are
+  removed. The target's own logit is corrected too by default (``target_term = "corrected"``, TensorFlow's sampled
+  softmax), which stops being consistent as S·Q(target) grows past 1: the target's term of the denominator shrinks
+  by that count, so frequent targets keep being pushed up even when the model already predicts them, and more
+  samples make it worse. With ``target_term = "exact"`` the denominator is the target's exact term plus the samples'
+  unbiased estimate of the rest of Z, Σ_{j≠t} exp(s_j) / (S·Q(j)): the loss is then -s_t + log Ẑ with E[Ẑ] = Z;
 - ``nce`` — noise-contrastive estimation (Gutmann & Hyvärinen 2010; Mnih & Teh 2012): logistic regression of data
   against k = S noise words on Δ(w) = s_w - log(k·Q(w)); the scores themselves become log-probabilities;
 - ``negative_sampling`` — word2vec's simplification (Mikolov et al. 2013): the same on Δ(w) = s_w, so the scores
@@ -143,9 +148,14 @@ class SampledObjective(abc.ABC):
 class ImportanceSampling(SampledObjective):
     name = "importance_sampling"
 
+    def __init__(self, samples: int, exact_target: bool = False, **kwargs):
+        super().__init__(samples, **kwargs)
+        self.exact_target = exact_target
+
     def position_losses(self, target, sampled, target_log_q, sampled_log_q, hits):
         log_count = math.log(self.samples)
-        target = target - (log_count + target_log_q)
+        if not self.exact_target:
+            target = target - (log_count + target_log_q)
         sampled = (sampled - (log_count + sampled_log_q)).masked_fill(hits, float("-inf"))
         return torch.logsumexp(torch.cat([target.unsqueeze(1), sampled], dim=1), dim=1) - target
 
