@@ -328,17 +328,19 @@ def comparison_rows(corpus: str) -> tuple[Path, dict[str, list[str]]]:
     return config, {name: [*common, *row["set"]] for table in tables for name, row in table.items()}
 
 
-@pytest.mark.parametrize("corpus", ["ptb", "ptb8", "gutenberg"])
+@pytest.mark.parametrize("corpus", ["ptb", "ptb8", "ptb_medium", "gutenberg"])
 def test_every_comparison_row_builds_its_model_and_objective(tmp_path, corpus):
     config, rows = comparison_rows(corpus)
     assert {"full-ce", "class-ce", "tree-ce", "full-is", "full-nce"} <= set(rows)
     vocab_size = 50_000 if corpus == "gutenberg" else 10_001
     words = [f"w{i}" for i in range(vocab_size)]
-    (tmp_path / "ckpt").mkdir()  # stands for the full-ce run whose embeddings the clustered tree splits
+    (tmp_path / "ckpt").mkdir()  # stands for the full-ce run whose embeddings the clustered tree and classes split
     save_file({"embedding.weight": torch.randn(vocab_size, 4)}, str(tmp_path / "ckpt" / "model.safetensors"))
     for name, settings in rows.items():
         overrides = [
-            f"head.tree_embeddings={tmp_path / 'ckpt'}" if s.startswith("head.tree_embeddings=") else s
+            f"{s.split('=')[0]}={tmp_path / 'ckpt'}"
+            if s.startswith(("head.tree_embeddings=", "head.class_embeddings="))
+            else s
             for s in settings
         ]
         cfg = load_config(config, overrides)
