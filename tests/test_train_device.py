@@ -19,7 +19,6 @@ from training.corpus import encode_file
 from training.evaluate import evaluate
 from training.trainer import make_batcher
 
-DEVICE = "cuda"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch sees no CUDA GPU here")
 
 # (head, objective overrides): each head and a sampled objective, so every buffer and noise draw meets the GPU
@@ -46,7 +45,7 @@ def test_a_gpu_run_without_a_gpu_is_a_clear_error(tmp_path, write_config, capsys
 def test_gpu_run_learns_and_its_checkpoint_evaluates_the_same_on_the_cpu(
     tmp_path, write_config, tiny_corpus, capsys, head, objective
 ):
-    config = write_config("sentence", head, train={"device": DEVICE}, objective=objective)
+    config = write_config("sentence", head, train={"device": "cuda"}, objective=objective)
     gpu = tmp_path / "gpu"
     assert main(["fit", str(config), "--out", str(gpu)]) == 0
     results = json.loads(capsys.readouterr().out)
