@@ -1,6 +1,7 @@
 """``train.device``: a run on a CUDA GPU trains, checkpoints and resumes like a CPU run, and its checkpoints are
 ordinary ones that evaluate and export on a machine without a GPU. The GPU tests run where PyTorch sees one (the
-lent GPU machine: ``pytest tests/test_train_device.py``); on a CPU-only machine the clear error is what is tested."""
+lent GPU machine: ``pytest tests/test_train_device.py``); the clear error for a GPU the machine lacks is tested
+everywhere."""
 
 import json
 import signal
@@ -19,7 +20,10 @@ from training.corpus import encode_file
 from training.evaluate import evaluate
 from training.trainer import make_batcher
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch sees no CUDA GPU here")
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="trains on a CUDA GPU, which PyTorch does not see here (run on a GPU machine: pytest tests/test_train_device.py)",
+)
 
 # (head, objective overrides): each head and a sampled objective, so every buffer and noise draw meets the GPU
 RUNS = [
@@ -32,11 +36,12 @@ RUNS = [
 ]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the GPU tests below run instead")
-def test_a_gpu_run_without_a_gpu_is_a_clear_error(tmp_path, write_config, capsys):
-    assert main(["fit", str(write_config(train={"device": "cuda"})), "--out", str(tmp_path / "run")]) == 2
+def test_a_device_this_machine_lacks_is_a_clear_error(tmp_path, write_config, capsys):
+    """GPU 99 exists nowhere: without a GPU the error says PyTorch sees none, with one it gives the count."""
+    assert main(["fit", str(write_config(train={"device": "cuda:99"})), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
-    assert "train.device = 'cuda'" in err and "sees no CUDA GPU" in err
+    assert "train.device = 'cuda:99'" in err
+    assert ("sees no CUDA GPU" in err) is not torch.cuda.is_available()
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
