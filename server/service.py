@@ -67,10 +67,12 @@ def score_sentences(model: ServedModel, sentences: list[str]) -> list:
     return model.lm.score(sentences)
 
 
-def score_lists(model: ServedModel, entries: list) -> list:
-    """Per-token neural and n-gram scores of every hypothesis, per list (one engine call for all the lists)."""
+def score_lists(model: ServedModel, texts: list[list[str]]) -> list[lmscores.PackedScores]:
+    """Per-token neural and n-gram scores of every hypothesis, per list (one engine call for all the lists), packed:
+    they may come back from a scoring process."""
     lms = model.lms
-    return lmscores.compute(NBestList(entries), lms.scorer, lms.ngram, lms.normalizer)
+    rows = lmscores.compute_texts(texts, lms.scorer, lms.ngram, lms.normalizer)
+    return [lmscores.PackedScores.pack(row) for row in rows]
 
 
 class LMServicer:
@@ -305,7 +307,9 @@ class LMServicer:
         setup, profile = self.combination(model, request.combination)
         check_features(nbest, setup.features, setup.definitions, setup.lam, True)
 
-        scores = await self.batched(context, self.list_batcher, model, entries, tokens, LISTS_PER_CHUNK)
+        texts = [[h.text for h in e.hypotheses] for e in entries]
+        packed = await self.batched(context, self.list_batcher, model, texts, tokens, LISTS_PER_CHUNK)
+        scores = [p.unpack() for p in packed]
         fields["tokens"] = sum(len(h.neural) for row in scores for h in row)
 
         def finish() -> pb.Rescored:
@@ -321,7 +325,9 @@ class LMServicer:
                 result.evaluation.CopyFrom(messages.evaluation(report(nbest, chosen, metric, samples)))
             return result
 
-        return await self.run(context, finish)
+        if any(with_refs):  # a bootstrap evaluation takes tens of milliseconds: keep the event loop free
+            return await self.run(context, finish)
+        return finish()
 
     def combination(self, model: ServedModel, combination: pb.Combination) -> tuple[Setup, str]:
         """The setup a request asks for: a profile of the model, or inline weights (with definitions and λ)."""

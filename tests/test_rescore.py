@@ -2,6 +2,7 @@
 set, reranking a test set, reports; and the proof that tuning never opens the test set."""
 
 import json
+import pickle
 import sys
 
 import numpy as np
@@ -10,7 +11,7 @@ from conftest import make_sentences
 
 from rescoring.cli import main as rescore_main
 from rescoring.features import feature_matrices, parse_definition
-from rescoring.lmscores import cache_key, compute, load_or_compute
+from rescoring.lmscores import PackedScores, cache_key, compute, load_or_compute
 from rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
 from rescoring.ngram import NgramLM, build_ngram
 from rescoring.rescore import LanguageModels, Setup, report, reranked, tune
@@ -104,6 +105,24 @@ def test_lm_scores_share_tokens_interpolate_and_cache(bundles, ngram_model, tmp_
         np.testing.assert_allclose(a.ngram, b.ngram, rtol=1e-6)
     with pytest.raises(ValueError, match="nothing to score with"):
         compute(nbest, None, None, models.normalizer)
+
+
+def test_packed_scores_come_back_as_they_went(bundles, ngram_model):
+    """What a scoring process sends back: the same numbers, also with an LM missing and for an empty list."""
+    models = LanguageModels.load(bundles[("full", 0.0)][1], ngram_model, threads=1)
+    nbest = NBestList([NBestEntry("u", [Hypothesis("w1 w2 zzz"), Hypothesis(""), Hypothesis("w3 w1 w2 w4")])])
+    both = models.scores(nbest)[0]
+    ngram_only = LanguageModels(None, models.ngram, models.normalizer).scores(nbest)[0]
+    for row in (both, ngram_only):
+        back = pickle.loads(pickle.dumps(PackedScores.pack(row))).unpack()
+        assert [h.oov for h in back] == [h.oov for h in row]
+        for got, sent in zip(back, row, strict=True):
+            for name in ("neural", "ngram"):
+                if getattr(sent, name) is None:
+                    assert getattr(got, name) is None
+                else:
+                    np.testing.assert_array_equal(getattr(got, name), getattr(sent, name))
+    assert PackedScores.pack([]).unpack() == []
 
 
 def test_tuned_lm_features_beat_the_first_pass_on_held_out_lists(bundles, ngram_model):

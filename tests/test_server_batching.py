@@ -129,6 +129,24 @@ def test_threads_share_the_calls_evenly():
     assert results == [[1 / x for x in work] for work in works]
 
 
+def test_a_free_thread_waits_for_a_fair_share_not_for_the_whole_wait():
+    """Two threads, max_wait an hour: two of three calls leave at once; the third waits for a second one (half of
+    the four calls of the model), and the two leave together as soon as it comes."""
+
+    async def scenario(batcher, engine):
+        tasks = [asyncio.create_task(batcher.submit("m", [x], 1)) for x in (2, 3, 4)]
+        await asyncio.to_thread(engine.wait_for_calls, 1)
+        await asyncio.sleep(0.05)
+        assert engine.calls == [[2, 3]] and len(batcher.queues[id("m")].items) == 1  # [4] waits for company
+        tasks.append(asyncio.create_task(batcher.submit("m", [5], 1)))
+        await asyncio.to_thread(engine.wait_for_calls, 2)
+        engine.gate.set()
+        return await asyncio.gather(*tasks)
+
+    results, engine = run_with_batcher(scenario, workers=2, max_wait=3600)
+    assert engine.calls == [[2, 3], [4, 5]] and results == [[0.5], [1 / 3], [0.25], [0.2]]
+
+
 def test_a_call_that_breaks_the_engine_fails_alone():
     works = [[2], [0, 3], [4]]  # 1/0 fails the merged call; run alone, only [0, 3] fails
 
