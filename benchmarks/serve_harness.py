@@ -55,7 +55,7 @@ class ServerSettings:
     scorer_threads: int = 1
     batching: bool = True
     max_batch_tokens: int = 16384
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 10.0
     grace_seconds: float = 30.0
 
     def record(self) -> dict:

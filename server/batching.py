@@ -11,17 +11,21 @@ fair share of the model's calls has queued (those queued and running, divided by
 items up to that share and up to ``max_batch_tokens`` (an item bigger than that leaves alone). Without the share,
 one worker would take nearly every call in one big batch and the other would trickle through the few left (measured
 at concurrency 32 on 2 threads: batches of 17-32 calls beside batches of 3-8); with it, the workers carry even
-batches. The wait comes after the worker is free because the callers of a batch that just finished come back over a
-few milliseconds, and a worker that took only those already there formed batches of 9.7 calls on average at
-concurrency 32 (2 scoring processes) where waiting for the share formed 10.3, and up to 12 with longer waits (a list
-costs the engine 6.2 ms in batches of 10, 4.7 ms in batches of 16).
+batches. The share counts the calls of the model lately (their peak, decaying by 2% a batch), not only those in the
+server at the moment: the callers of a batch that just finished are on their way back (answer, client, next request:
+about 12 ms at concurrency 32 on 2 cores), and counting only those present splits 32 callers into three groups of
+about 11 that take turns on 2 workers. The wait comes after the worker is free, so that it can include their return.
+Measured at concurrency 32 with 2 scoring processes (``python -m benchmarks.serve_load``): taking only what was there
+gave batches of 9.7 calls on average; waiting up to 10 ms for a share of the peak, about 13 and a tenth more lists a
+second (a list costs the engine 6.2 ms in batches of 10, 4.7 ms in batches of 16).
 
 The engine runs the merged work once; the results are split back by item. When a merged call fails, its items run
 again one by one, so a request that breaks the engine fails alone. A call cancelled (client gone, deadline passed)
 while queued leaves the queue and is not scored; one whose deadline passes in the queue gets :class:`Expired`.
 
 Queues are per model *object*: after a hot reload, calls that resolved the old models batch with each other on the
-old models, and new calls on the new ones; a queue disappears when it is empty and nothing of it runs.
+old models, and new calls on the new ones; a queue (and its peak) disappears when it is empty and nothing of it
+runs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from server.metrics import Metrics
+
+PEAK_DECAY = 0.98  # a falling load is followed within about 50 batches
 
 
 class Expired(Exception):
@@ -58,6 +64,7 @@ class _Queue:
     running_calls: int = 0  # items in them
     company: asyncio.Event = field(default_factory=asyncio.Event)  # set when a call queues
     drainer: asyncio.Task | None = None
+    peak: float = 0.0  # the most calls (queued and running) seen lately; decays by PEAK_DECAY a batch
 
 
 class Batcher:
@@ -103,6 +110,7 @@ class Batcher:
         queue.items.append(item)
         queue.tokens += tokens
         self._depth(1)
+        queue.peak = max(queue.peak, len(queue.items) + queue.running_calls)
         queue.company.set()  # a worker gathering a batch counts again
         if queue.drainer is None or queue.drainer.done():
             queue.drainer = asyncio.create_task(self._drain(queue))
@@ -122,6 +130,7 @@ class Batcher:
             if self.merge and queue.running:
                 await self._gather(queue, loop.time() + self.max_wait)
             batch = self._take(queue, loop.time())
+            queue.peak *= PEAK_DECAY
             if not batch:
                 self.slots.release()
                 continue
@@ -142,8 +151,11 @@ class Batcher:
                 await asyncio.wait_for(queue.company.wait(), delay)
 
     def _share(self, queue: _Queue) -> int:
-        """Calls per batch when the model's calls (queued and running) are spread over the workers."""
-        return -(-(len(queue.items) + queue.running_calls) // self.workers) if self.merge else 1
+        """Calls per batch when the model's calls (queued and running, or as many as lately) are spread over the
+        workers."""
+        if not self.merge:
+            return 1
+        return -(-max(len(queue.items) + queue.running_calls, int(queue.peak)) // self.workers)
 
     def _take(self, queue: _Queue, now: float) -> list[_Item]:
         """Items from the front, up to the token budget and the fair share (at least one); expired ones fail on the

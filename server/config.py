@@ -24,7 +24,7 @@
     [batching]                    # concurrent calls of one model merged into one scorer call (ScoreSentences, and the
     enabled = true                # LM scores of RescoreNBest/KBest); false: every call scores alone
     max_batch_tokens = 16384      # words + </s> of all sentences or hypotheses in one batch (a bigger call runs alone)
-    max_wait_ms = 2.0             # how long a batch waits for company while the model is busy; an idle model waits not
+    max_wait_ms = 10.0            # how long a free worker waits for company while the model is busy; an idle one waits not
 
     [tls]                         # optional; without it the port is plaintext (and on loopback by default)
     cert = "tls/server.pem"       # PEM certificate chain of the server
@@ -85,7 +85,7 @@ class ServerSettings:
 class Batching:
     enabled: bool = True
     max_batch_tokens: int = 16384
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 10.0
 
 
 @dataclass

@@ -7,6 +7,7 @@ queue behind it: an event, not a sleep), then the real server on a real port, wh
 import asyncio
 import threading
 import urllib.request
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -16,7 +17,7 @@ from conftest import make_sentences
 
 from rescoring.nbest import Hypothesis, NBestEntry
 from server import messages
-from server.batching import Batcher, Expired
+from server.batching import PEAK_DECAY, Batcher, Expired, _Queue
 from server.lmserve_pb import lmserve_pb2 as pb
 from server.lmserve_pb.lmserve_pb2_grpc import LMServiceStub
 from server.process import ServerProcess
@@ -145,6 +146,18 @@ def test_a_free_thread_waits_for_a_fair_share_not_for_the_whole_wait():
 
     results, engine = run_with_batcher(scenario, workers=2, max_wait=3600)
     assert engine.calls == [[2, 3], [4, 5]] and results == [[0.5], [1 / 3], [0.25], [0.2]]
+
+
+def test_the_share_counts_the_calls_of_the_model_lately():
+    """Three calls queued and three running make a share of three, unless the model had eight calls lately: then four
+    (the callers of a finished batch are on their way back); the peak fades as batches leave."""
+    batcher = Batcher("test", Reciprocals(), None, None, 2, 1000, 0.01)
+    queue = _Queue("m", deque(range(3)), running_calls=3)
+    assert batcher._share(queue) == 3
+    queue.peak = 8
+    assert batcher._share(queue) == 4
+    queue.peak *= PEAK_DECAY**20
+    assert batcher._share(queue) == 3
 
 
 def test_a_call_that_breaks_the_engine_fails_alone():
