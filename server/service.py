@@ -86,9 +86,9 @@ class LMServicer:
         metrics: Metrics | None = None,
         engine: Executor | None = None,
     ):
-        """``pool``: threads for the work of single calls (next-word steps, reranking); ``engine``: where the
-        batchers' scorer calls run (``server.engine``), by default the same threads; ``workers``: how many run at
-        once."""
+        """``pool``: threads for the work of single calls (next-word steps, reranking with a bootstrap);
+        ``engine``: where the batchers' scorer calls run (``server.engine``), by default the same threads;
+        ``workers``: how many run at once."""
         self.models = models
         self.limits = limits
         self.pool = pool
