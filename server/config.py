@@ -24,7 +24,7 @@
     [batching]                    # concurrent calls of one model merged into one scorer call (ScoreSentences, and the
     enabled = true                # LM scores of RescoreNBest/KBest); false: every call scores alone
     max_batch_tokens = 16384      # words + </s> of all sentences or hypotheses in one batch (a bigger call runs alone)
-    max_wait_ms = 10.0            # how long a free worker waits for company while the model is busy; an idle one waits not
+    max_wait_ms = 10.0            # how long a free worker waits for company while the model is busy (idle: no wait)
 
     [tls]                         # optional; without it the port is plaintext (and on loopback by default)
     cert = "tls/server.pem"       # PEM certificate chain of the server
