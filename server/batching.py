@@ -15,6 +15,8 @@ batches. The share counts the calls of the model lately (their peak, decaying by
 server at the moment: the callers of a batch that just finished are on their way back (answer, client, next request:
 about 12 ms at concurrency 32 on 2 cores), and counting only those present splits 32 callers into three groups of
 about 11 that take turns on 2 workers. The wait comes after the worker is free, so that it can include their return.
+The price: when the load falls, a worker that finds another batch running waits the whole ``max_wait`` for a share
+of the old peak until the peak has decayed (from 32 calls to 8 in about 70 batches).
 Measured at concurrency 32 with 2 scoring processes (15-s runs; BENCHMARKS.md, "Serving"): taking only what was
 there gave batches of 9.7 calls on average, waiting up to 10 ms for a share of the peak about 13, and 8-15% more lists
 a second (a list costs the engine 6.2 ms of CPU in batches of 10, 4.7 ms in batches of 16).
