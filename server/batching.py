@@ -18,7 +18,7 @@ about 11 that take turns on 2 workers. The wait comes after the worker is free, 
 The price: when the load falls, a worker that finds another batch running waits the whole ``max_wait`` for a share
 of the old peak until the peak has decayed (from 32 calls to 8 in about 70 batches).
 Measured at concurrency 32 with 2 scoring processes (15-s runs; BENCHMARKS.md, "Serving"): taking only what was
-there gave batches of 9.7 calls on average, waiting up to 10 ms for a share of the peak about 13, and 8-15% more lists
+there gave batches of 9.7 calls on average, waiting up to 10 ms for a share of the peak about 13, and 6-16% more lists
 a second (a list costs the engine 6.2 ms of CPU in batches of 10, 4.7 ms in batches of 16).
 
 The engine runs the merged work once; the results are split back by item. When a merged call fails, its items run
