@@ -92,36 +92,24 @@ def compute(
 
     ``scorer`` must use ``normalizer`` (``Scorer(..., normalizer=...)``): its words are what the n-gram scores.
     ``seconds``, when given, accumulates the time spent in each model ("neural", "ngram"), for throughput reports."""
-    texts = [[h.text for h in e.hypotheses] for e in nbest.entries]
-    return compute_texts(texts, scorer, ngram, normalizer, progress, lists_per_call, seconds)
-
-
-def compute_texts(
-    texts: list[list[str]],
-    scorer: Scorer | None,
-    ngram: NgramLM | None,
-    normalizer: TextNormalizer,
-    progress: bool = False,
-    lists_per_call: int = 64,
-    seconds: dict[str, float] | None = None,
-) -> list[list[HypothesisScores]]:
-    """:func:`compute` of the hypotheses' texts alone, list by list (what a scoring process is sent)."""
     if scorer is None and ngram is None:
         raise ValueError("nothing to score with: give a neural LM bundle, an n-gram, or both")
     if scorer is not None and scorer.normalizer != normalizer:
         raise ValueError("the scorer normalises text differently from the n-gram: give both the same normaliser")
     seconds = {} if seconds is None else seconds
     out: list[list[HypothesisScores]] = []
-    with tqdm(total=len(texts), desc="LM scores", unit="list", disable=not progress) as bar:
-        for start in range(0, len(texts), lists_per_call):
-            chunk = texts[start : start + lists_per_call]
+    entries = nbest.entries
+    with tqdm(total=len(entries), desc="LM scores", unit="list", disable=not progress) as bar:
+        for start in range(0, len(entries), lists_per_call):
+            chunk = entries[start : start + lists_per_call]
+            texts = [[h.text for h in e.hypotheses] for e in chunk]
             if scorer is not None:
                 with _timed(seconds, "neural"):
-                    scored = scorer.score_nbest(chunk)
+                    scored = scorer.score_nbest(texts)
                 words = [[_as_neural_vocab(s, scorer) for s in row] for row in scored]
             else:
-                scored = [[None] * len(row) for row in chunk]
-                words = [[normalizer.normalize(t) for t in row] for row in chunk]
+                scored = [[None] * len(row) for row in texts]
+                words = [[normalizer.normalize(t) for t in row] for row in texts]
             with _timed(seconds, "ngram"):
                 counts = [[None if ngram is None else ngram.token_logprobs(w) for w in row] for row in words]
             for row_scores, row_words, row_counts in zip(scored, words, counts, strict=True):
@@ -147,7 +135,7 @@ class PackedScores:
 
     neural: np.ndarray | None  # every hypothesis' token scores end to end
     ngram: np.ndarray | None
-    lengths: np.ndarray  # [hypotheses, 2]: tokens of each under the neural LM and the n-gram (0 where absent)
+    lengths: np.ndarray  # tokens of each hypothesis (the same under both LMs: they score the same tokens)
     oov: np.ndarray
 
     @classmethod
@@ -155,21 +143,26 @@ class PackedScores:
         def flat(arrays: list[np.ndarray | None]) -> np.ndarray | None:
             return None if any(a is None for a in arrays) else np.concatenate([*arrays, np.zeros(0)])
 
-        neural, ngram = [h.neural for h in row], [h.ngram for h in row]
-        lengths = np.array([[0 if a is None else len(a) for a in pair] for pair in zip(neural, ngram, strict=True)])
-        return cls(flat(neural), flat(ngram), lengths.reshape(-1, 2), np.array([h.oov for h in row]))
+        lengths = [len(h.neural if h.neural is not None else h.ngram) for h in row]
+        return cls(
+            flat([h.neural for h in row]),
+            flat([h.ngram for h in row]),
+            np.array(lengths, dtype=np.int64),
+            np.array([h.oov for h in row]),
+        )
 
     def unpack(self) -> list[HypothesisScores]:
-        if not len(self.oov):
+        if not len(self.lengths):
             return []
+        bounds = np.cumsum(self.lengths)[:-1]
 
-        def split(flat: np.ndarray | None, lengths: np.ndarray) -> list[np.ndarray | None]:
-            if flat is None:
-                return [None] * len(lengths)
-            return np.split(flat, np.cumsum(lengths)[:-1])
+        def split(flat: np.ndarray | None) -> list[np.ndarray | None]:
+            return [None] * len(self.lengths) if flat is None else np.split(flat, bounds)
 
-        neural, ngram = split(self.neural, self.lengths[:, 0]), split(self.ngram, self.lengths[:, 1])
-        return [HypothesisScores(n, g, int(o)) for n, g, o in zip(neural, ngram, self.oov.tolist(), strict=True)]
+        return [
+            HypothesisScores(n, g, int(o))
+            for n, g, o in zip(split(self.neural), split(self.ngram), self.oov.tolist(), strict=True)
+        ]
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 
 from rescoring import lmscores
 from rescoring.features import check_features, parse_definition
-from rescoring.nbest import NBestList
+from rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from rescoring.rescore import Setup, report, reranked
 from server import messages
 from server.batching import Batcher, Expired
@@ -71,8 +71,8 @@ def score_lists(model: ServedModel, texts: list[list[str]]) -> list[lmscores.Pac
     """Per-token neural and n-gram scores of every hypothesis, per list (one engine call for all the lists), packed:
     they may come back from a scoring process."""
     lms = model.lms
-    rows = lmscores.compute_texts(texts, lms.scorer, lms.ngram, lms.normalizer)
-    return [lmscores.PackedScores.pack(row) for row in rows]
+    lists = NBestList([NBestEntry("", [Hypothesis(text) for text in row]) for row in texts])
+    return [lmscores.PackedScores.pack(row) for row in lmscores.compute(lists, lms.scorer, lms.ngram, lms.normalizer)]
 
 
 class LMServicer:
