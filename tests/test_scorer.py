@@ -59,9 +59,10 @@ def test_batching_does_not_change_scores(bundles):
 
 
 @pytest.mark.parametrize(("head", "alpha"), BUNDLE_HEADS)
-@pytest.mark.parametrize("max_batch_tokens", [0, 2], ids=["stepped", "tails"])  # 2: tails fill batches at once
-def test_prefix_sharing_gives_the_scores_of_each_hypothesis_alone(bundles, head, alpha, max_batch_tokens):
-    scorer = Scorer(bundles[(head, alpha)][1], threads=1, max_batch_tokens=max_batch_tokens)
+@pytest.mark.parametrize("tails", [False, True], ids=["stepped", "tails"])
+def test_prefix_sharing_gives_the_scores_of_each_hypothesis_alone(bundles, head, alpha, tails):
+    scorer = Scorer(bundles[(head, alpha)][1], threads=1, max_batch_tokens=2 if tails else 0)
+    scorer.tails_min_batches = 1 if tails else scorer.tails_min_batches  # 2 tail tokens are enough
     lists = [
         ["w1 w2 w3 w4", "w1 w2 w3 w5", "w1 w2 w3", "w1 w2 w3 w4", "w2", ""],  # shared prefixes, a repeat, empty
         ["w7 zzz w8", "w7 zzz w9 w9"],
@@ -177,6 +178,7 @@ def test_format_1_bundles_still_score_and_share_prefixes(bundles, tmp_path):
     manifest["files"]["sentences.onnx"] = sha256_file(old / "sentences.onnx")
     (old / "manifest.json").write_text(json.dumps(manifest))
     v1, v2 = Scorer(old, threads=1, max_batch_tokens=2), Scorer(bundle, threads=1, max_batch_tokens=2)
+    v1.tails_min_batches = v2.tails_min_batches = 1  # 2 tail tokens are enough
     assert not v1.continues_from_state and v2.continues_from_state
     lists = [["w1 w2 w3 w4 w5 w6", "w1 w2 w9 w4 w5", "w1 w3", "w1 w2 w9 w4 w5"], ["w4 w4 w4 w4 w4 w4 w4"]]
     for got, want in zip(sum(v1.score_nbest(lists), []), sum(v2.score_nbest(lists), []), strict=True):
