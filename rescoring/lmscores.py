@@ -154,10 +154,11 @@ class PackedScores:
     def unpack(self) -> list[HypothesisScores]:
         if not len(self.lengths):
             return []
-        bounds = np.cumsum(self.lengths)[:-1]
+        ends = np.cumsum(self.lengths).tolist()
+        starts = [0, *ends[:-1]]
 
-        def split(flat: np.ndarray | None) -> list[np.ndarray | None]:
-            return [None] * len(self.lengths) if flat is None else np.split(flat, bounds)
+        def split(flat: np.ndarray | None) -> list[np.ndarray | None]:  # (slices: np.split costs 3x as much)
+            return [None] * len(ends) if flat is None else [flat[a:b] for a, b in zip(starts, ends, strict=True)]
 
         return [
             HypothesisScores(n, g, int(o))

@@ -255,14 +255,12 @@ def reranked(nbest: NBestList, setup: Setup, lm_scores) -> tuple[NBestList, np.n
     combined = setup.combine(matrices)
     entries = []
     for entry, x, scores in zip(nbest, matrices, combined, strict=True):
-        order = np.argsort(-scores, kind="stable")
+        rows, totals = x.tolist(), scores.tolist()  # Python floats at once, not one numpy scalar at a time
         hyps = []
-        for k in order:
+        for k in np.argsort(-scores, kind="stable").tolist():
             h = entry.hypotheses[k]
-            added = dict(zip(setup.features, (float(v) for v in x[k]), strict=True))
-            hyps.append(
-                Hypothesis(h.text, {**h.features, **added, RESCORE_FEATURE: float(scores[k])}, h.rank or int(k) + 1)
-            )
+            added = dict(zip(setup.features, rows[k], strict=True))
+            hyps.append(Hypothesis(h.text, {**h.features, **added, RESCORE_FEATURE: totals[k]}, h.rank or k + 1))
         entries.append(NBestEntry(entry.id, hyps, list(entry.references), entry.source))
     return NBestList(entries, nbest.name), metrics.choose(combined)
 

@@ -152,3 +152,14 @@ def test_dict_round_trip_through_json(name):
 def test_from_dict_rejects(bad, message):
     with pytest.raises(ValueError, match=message):
         TextNormalizer.from_dict(bad)
+
+
+def test_remembered_words_give_the_same_tokens_and_the_memory_stays_bounded(monkeypatch):
+    monkeypatch.setattr("rescoring.textnorm._MEMO_SIZE", 3)
+    normalizer = TextNormalizer(case="lower", punctuation="strip")
+    text = "Hello, World! hello (world) «Bye»"
+    first = normalizer.normalize(text)
+    assert first == ["hello", "world", "hello", "world", "bye"]
+    assert normalizer.normalize(text) == first and normalizer.normalize("WORLD") == ["world"]
+    assert len(normalizer._memo) <= 3
+    assert normalizer == TextNormalizer(case="lower", punctuation="strip")  # the memory is not a setting
