@@ -148,16 +148,18 @@ class Scorer:
 
     # -- text -> ids -------------------------------------------------------------------------------------------
 
-    def encode(self, text: str) -> tuple[list[str], list[int], int]:
-        """Words as the model sees them, their ids (unknown words -> <unk>) and how many were unknown."""
-        words = self.normalizer.normalize(text)
+    def encode(self, text: str, memo: dict | None = None) -> tuple[list[str], list[int], int]:
+        """Words as the model sees them, their ids (unknown words -> <unk>) and how many were unknown; ``memo``: see
+        ``TextNormalizer.normalize``."""
+        words = self.normalizer.normalize(text, memo)
         ids = [self.index.get(w, UNK) for w in words]
         return words, ids, ids.count(UNK)
 
     # -- whole sentences ---------------------------------------------------------------------------------------
 
     def score(self, sentences: Sequence[str]) -> list[SentenceScore]:
-        encoded = [self.encode(s) for s in sentences]
+        memo: dict = {}
+        encoded = [self.encode(s, memo) for s in sentences]
         results: list[SentenceScore | None] = [None] * len(sentences)
         for members in self.plan_batches([ids for _, ids, _ in encoded]):
             scores = self.score_ids([encoded[i][1] for i in members])
@@ -230,7 +232,8 @@ class Scorer:
 
     def score_nbest(self, lists: Sequence[Sequence[str]], max_batch_rows: int = 1024) -> list[list[SentenceScore]]:
         forest = _PrefixForest()
-        encoded = [[self.encode(h) for h in hyps] for hyps in lists]
+        memo: dict = {}
+        encoded = [[self.encode(h, memo) for h in hyps] for hyps in lists]
         paths = []
         for hyps in encoded:
             paths.append(forest.add_list([[*ids, EOS] for _, ids, _ in hyps]))

@@ -55,7 +55,6 @@ _PLURAL_POSSESSIVE = re.compile(r"(?i)([^\W_][\w'-]*s)(')")
 _CANNOT = re.compile(r"(?i)(can)(not)")
 _APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "ʼ": "'"})
 _NUMBER_PUNCTUATION = ".,:/"
-_MEMO_SIZE = 1 << 16  # whitespace tokens whose steps 1 and 3 a normaliser remembers (then it starts afresh)
 
 _SMALL = "zero one two three four five six seven eight nine".split()
 _CARDINALS = frozenset(
@@ -98,22 +97,23 @@ class TextNormalizer:
             raise ValueError("text normaliser: spelled_numbers needs numbers='ptb': both write PTB's N")
         pairs = self.replace.items() if isinstance(self.replace, Mapping) else self.replace
         object.__setattr__(self, "replace", tuple((str(a), str(b)) for a, b in pairs))
-        object.__setattr__(self, "_memo", {})  # not a field: equality, hashing and to_dict ignore it
 
     # -- text -> tokens ----------------------------------------------------------------------------------------
 
-    def normalize(self, text: str) -> list[str]:
+    def normalize(self, text: str, memo: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+        """``memo``: a dict that the caller keeps across the texts of one job, where steps 1 and 3 of each word are
+        remembered: the hypotheses of a list repeat most of their words (dev_other 30-best lists, a memo per 13 lists:
+        0.35 ms a list without, 6% of the CPU that scoring it costs, 0.20 ms with; ad hoc). A memo per job, not
+        per normaliser: a server's normaliser would otherwise keep every word it has ever seen."""
         if self.punctuation == "strip" or self.split_clitics:
             text = text.translate(_APOSTROPHES)
         if self.hyphens == "split":
             text = _INNER_HYPHEN.sub(" ", text)
-        memo = self._memo
+        memo = {} if memo is None else memo
         tokens = []
         for token in text.split():
             pieces = memo.get(token)
             if pieces is None:
-                if len(memo) >= _MEMO_SIZE:
-                    memo.clear()
                 pieces = memo[token] = self._case_and_strip(token)
             tokens.extend(pieces)
         if self.replace:
@@ -126,9 +126,7 @@ class TextNormalizer:
         return tokens
 
     def _case_and_strip(self, token: str) -> tuple[str, ...]:
-        """Steps 1 and 3 of one whitespace token, which depend on nothing else: ``normalize`` remembers them, as the
-        hypotheses of a list repeat most of their words (dev_other 30-best lists: 0.29 ms a list, 6% of the CPU a
-        list costs the scorer, before; ad hoc)."""
+        """Steps 1 and 3 of one whitespace token: they depend on nothing else."""
         cased = self._case(token)
         return tuple(self._strip(cased)) if self.punctuation == "strip" else (cased,)
 

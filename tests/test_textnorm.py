@@ -154,12 +154,17 @@ def test_from_dict_rejects(bad, message):
         TextNormalizer.from_dict(bad)
 
 
-def test_remembered_words_give_the_same_tokens_and_the_memory_stays_bounded(monkeypatch):
-    monkeypatch.setattr("rescoring.textnorm._MEMO_SIZE", 3)
+def test_a_memo_shared_by_texts_gives_the_same_tokens():
     normalizer = TextNormalizer(case="lower", punctuation="strip")
-    text = "Hello, World! hello (world) «Bye»"
-    first = normalizer.normalize(text)
-    assert first == ["hello", "world", "hello", "world", "bye"]
-    assert normalizer.normalize(text) == first and normalizer.normalize("WORLD") == ["world"]
-    assert len(normalizer._memo) <= 3
-    assert normalizer == TextNormalizer(case="lower", punctuation="strip")  # the memory is not a setting
+    texts = ["Hello, World! hello (world)", "«Bye» WORLD", ""]
+    memo: dict = {}
+    assert [normalizer.normalize(t, memo) for t in texts] == [normalizer.normalize(t) for t in texts]
+    assert [["hello", "world", "hello", "world"], ["bye", "world"], []] == [normalizer.normalize(t) for t in texts]
+    assert memo == {
+        "Hello,": ("hello",),
+        "World!": ("world",),
+        "hello": ("hello",),
+        "(world)": ("world",),
+        "«Bye»": ("bye",),
+        "WORLD": ("world",),
+    }  # each word once
