@@ -69,7 +69,12 @@ def test_prefix_sharing_gives_the_scores_of_each_hypothesis_alone(bundles, head,
         ["w3"],
     ]
     scorer.stats.lstm_steps = 0
+    sentences_runs = []  # the tails go through the sentences graph, and only they
+    run_sentences = scorer.sessions["sentences"].run
+    scorer.sessions["sentences"].run = lambda *args: sentences_runs.append(1) or run_sentences(*args)
     shared = scorer.score_nbest(lists, max_batch_rows=3)
+    scorer.sessions["sentences"].run = run_sentences
+    assert bool(sentences_runs) == tails
     steps_shared = scorer.stats.lstm_steps
     alone = [scorer.score(hyps) for hyps in lists]
     steps_alone = scorer.stats.lstm_steps - steps_shared
