@@ -62,7 +62,8 @@ def test_batching_does_not_change_scores(bundles):
 @pytest.mark.parametrize("tails", [False, True], ids=["stepped", "tails"])
 def test_prefix_sharing_gives_the_scores_of_each_hypothesis_alone(bundles, head, alpha, tails):
     scorer = Scorer(bundles[(head, alpha)][1], threads=1, max_batch_tokens=2 if tails else 0)
-    scorer.tails_min_batches = 1 if tails else scorer.tails_min_batches  # 2 tail tokens are enough
+    if tails:
+        scorer.tails_min_batches = 1  # 2 tail tokens are enough
     lists = [
         ["w1 w2 w3 w4", "w1 w2 w3 w5", "w1 w2 w3", "w1 w2 w3 w4", "w2", ""],  # shared prefixes, a repeat, empty
         ["w7 zzz w8", "w7 zzz w9 w9"],
