@@ -19,7 +19,8 @@ The price: when the load falls, a worker that finds another batch running waits 
 of the old peak until the peak has decayed (from 32 calls to 8 in about 70 batches).
 Measured at concurrency 32 with 2 scoring processes (15-s runs; BENCHMARKS.md, "Serving"): taking only what was
 there gave batches of 9.7 calls on average, waiting up to 10 ms for a share of the peak about 13, and 6-16% more lists
-a second (a list costs the engine 6.2 ms of CPU in batches of 10, 4.7 ms in batches of 16).
+a second (a list cost the engine 6.2 ms of CPU in batches of 10, 4.7 ms in batches of 16, while small calls still
+read their tails through the ``sentences`` graph).
 
 The engine runs the merged work once; the results are split back by item. When a merged call fails, its items run
 again one by one, so a request that breaks the engine fails alone. A call cancelled (client gone, deadline passed)
