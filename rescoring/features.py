@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from rescoring.lmscores import HypothesisScores, interpolate
+from rescoring.lmscores import HypothesisScores, LMSums, interpolate, token_sums
 from rescoring.nbest import NBestList
 
 LM_FEATURES = ("neural", "ngram", "interp", "oov", "length")
@@ -60,7 +60,7 @@ def check_features(
     have_lm_scores: bool,
 ) -> None:
     """Fail early, before any model runs, on a name nothing provides or an LM feature without its LM."""
-    carried = set(nbest.feature_names())
+    carried = set().union(*(h.features for entry in nbest for h in entry.hypotheses))  # (no order needed: a set union)
     for name in [*names, *(t for d in definitions.values() for t in d)]:
         if name not in carried and name not in LM_FEATURES and name not in definitions:
             raise ValueError(
@@ -76,13 +76,14 @@ def check_features(
 def feature_matrices(
     nbest: NBestList,
     names: Sequence[str],
-    lm_scores: Sequence[Sequence[HypothesisScores]] | None = None,
+    lm_scores: Sequence[Sequence[HypothesisScores] | LMSums] | None = None,
     definitions: Mapping[str, Mapping[str, float]] | None = None,
     lam: float | None = None,
 ) -> list[np.ndarray]:
-    """Per utterance a float64 matrix [hypotheses, len(names)], built a column at a time: the LM features of a
-    list's hypotheses are sums over one concatenation of their token scores (a server call reranks a 30-best list
-    in a fifth of the time it took hypothesis by hypothesis)."""
+    """Per utterance a float64 matrix [hypotheses, len(names)], built a column at a time. A list's LM scores are its
+    hypotheses' token scores, whose LM features are sums over one concatenation of them (a server call reranked a
+    30-best list in a fifth of the time it took hypothesis by hypothesis), or those sums already taken
+    (:class:`~rescoring.lmscores.LMSums`, interp at ``lam``)."""
     definitions = dict(definitions or {})
     check_features(nbest, names, definitions, lam, lm_scores is not None)
     matrices = []
@@ -101,7 +102,7 @@ def feature_matrices(
 class _Columns:
     """The base features of one list's hypotheses, each computed once, as a vector over the hypotheses."""
 
-    def __init__(self, hypotheses, scores: Sequence[HypothesisScores] | None, lam: float | None):
+    def __init__(self, hypotheses, scores: Sequence[HypothesisScores] | LMSums | None, lam: float | None):
         self.hypotheses = hypotheses
         self.scores = scores
         self.lam = lam
@@ -115,14 +116,16 @@ class _Columns:
         return column
 
     def _compute(self, name: str) -> np.ndarray:
+        if isinstance(self.scores, LMSums) and name in NEEDS_LM:
+            return self.scores.column(name, self.lam)
         if name in ("neural", "ngram"):
             flat, lengths = self._tokens(name)
             if flat is None:
                 raise ValueError(f"feature {name!r}: that LM was not given")
-            return _sums(flat, lengths)
+            return token_sums(flat, lengths)
         if name == "interp":
             (neural, lengths), (ngram, _) = self._tokens("neural"), self._tokens("ngram")
-            return _sums(interpolate(neural, ngram, self.lam), lengths)
+            return token_sums(interpolate(neural, ngram, self.lam), lengths)
         if name == "length":
             return np.array([len(h.text.split()) for h in self.hypotheses], dtype=np.float64)
         if name == "oov":
@@ -137,13 +140,3 @@ class _Columns:
             flat = None if any(a is None for a in arrays) else np.concatenate([*arrays, np.zeros(0)])
             self.tokens[name] = (flat, lengths)
         return self.tokens[name]
-
-
-def _sums(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Per hypothesis the sum of its ``lengths`` token scores in ``flat`` (0 for a hypothesis with none)."""
-    out = np.zeros(len(lengths), dtype=np.float64)
-    full = lengths > 0
-    if full.any():
-        starts = (np.cumsum(lengths) - lengths)[full]
-        out[full] = np.add.reduceat(flat.astype(np.float64, copy=False), starts)
-    return out

@@ -51,10 +51,19 @@ class HypothesisScores:
 
 def interpolate(neural: np.ndarray | None, ngram: np.ndarray | None, lam: float | None) -> np.ndarray:
     """log(λ·p_neural + (1 − λ)·p_ngram) of token log-probabilities, elementwise (any matching shapes)."""
-    if neural is None or ngram is None:
-        raise ValueError("interpolation needs both a neural LM and an n-gram")
+    return interpolate_at(neural, ngram, check_lambda(lam))
+
+
+def check_lambda(lam: float | None) -> float:
     if lam is None or not 0.0 < lam < 1.0:
         raise ValueError(f"interpolation weight λ must be in (0, 1), got {lam}")
+    return lam
+
+
+def interpolate_at(neural: np.ndarray | None, ngram: np.ndarray | None, lam) -> np.ndarray:
+    """:func:`interpolate` with ``lam`` a number or one λ per token (each checked by the caller)."""
+    if neural is None or ngram is None:
+        raise ValueError("interpolation needs both a neural LM and an n-gram")
     return np.logaddexp(np.log(lam) + neural, np.log1p(-lam) + ngram)
 
 
@@ -128,42 +137,87 @@ def compute(
 
 
 @dataclass
-class PackedScores:
-    """One list's :class:`HypothesisScores` as a few flat arrays, for sending between processes: a scoring process
-    answering 16 lists of 30 hypotheses as hundreds of small arrays spent 0.15 ms a list pickling them and the
-    server 0.12 ms unpickling (measured), 4% of the CPU that a list costs the service."""
+class LMSums:
+    """One list's LM features per hypothesis, each a sum over the hypothesis' tokens: all that reranking reads of
+    the LM scores once λ is fixed, as in a server call. A scoring process sums them for its whole batch of lists at
+    once (:func:`summed`) and sends back these few short arrays instead of every token's score; per-token scores stay
+    the form of the cache and of tuning, where λ varies. Measured at concurrency 32 (BENCHMARKS.md, "Serving"):
+    building the feature matrix of a 30-best list from token scores cost the server process 0.14 ms."""
 
-    neural: np.ndarray | None  # every hypothesis' token scores end to end
-    ngram: np.ndarray | None
-    lengths: np.ndarray  # tokens of each hypothesis (the same under both LMs: they score the same tokens)
-    oov: np.ndarray
+    neural: np.ndarray | None  # Σ log p_neural per hypothesis; None without a neural LM
+    ngram: np.ndarray | None  # Σ log p_ngram; None without an n-gram
+    interp: np.ndarray | None  # Σ log(λ·p_neural + (1 − λ)·p_ngram) at ``lam``; None when no λ was asked for
+    lam: float | None
+    oov: np.ndarray  # words outside the vocabulary, per hypothesis
+    tokens: np.ndarray  # tokens scored (words and </s>) per hypothesis
 
-    @classmethod
-    def pack(cls, row: list[HypothesisScores]) -> PackedScores:
-        def flat(arrays: list[np.ndarray | None]) -> np.ndarray | None:
-            return None if any(a is None for a in arrays) else np.concatenate([*arrays, np.zeros(0)])
+    def column(self, name: str, lam: float | None) -> np.ndarray:
+        """Feature ``name`` (neural, ngram, interp at ``lam``, oov) over the hypotheses, as float64."""
+        if name == "oov":
+            return self.oov.astype(np.float64)
+        if name == "interp" and (self.interp is None or lam != self.lam):
+            raise ValueError(f"feature 'interp' at λ={lam}: these sums have it at λ={self.lam}")
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"feature {name!r}: that LM was not given")
+        return value
 
-        lengths = [len(h.neural if h.neural is not None else h.ngram) for h in row]
-        return cls(
-            flat([h.neural for h in row]),
-            flat([h.ngram for h in row]),
-            np.array(lengths, dtype=np.int64),
-            np.array([h.oov for h in row]),
+
+def summed(rows: list[list[HypothesisScores]], lams: list[float | None]) -> list[LMSums]:
+    """:class:`LMSums` of each list of ``rows``, interp at the list's entry of ``lams`` (None: no interp): one
+    concatenation and one segment sum per LM over every hypothesis of every list, because per list the numpy calls
+    cost more than the sums."""
+    hyps = [h for row in rows for h in row]
+    lengths = np.array([len(h.neural if h.neural is not None else h.ngram) for h in hyps], dtype=np.int64)
+
+    def flat(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+        return None if any(a is None for a in arrays) else np.concatenate([*arrays, np.zeros(0)])
+
+    neural, ngram = flat([h.neural for h in hyps]), flat([h.ngram for h in hyps])
+    for lam in lams:
+        if lam is not None:
+            check_lambda(lam)
+    wanted = [lam is not None for lam in lams]
+    interp = None
+    if any(wanted):
+        if neural is None or ngram is None:
+            raise ValueError("interpolation needs both a neural LM and an n-gram")
+        hyp_lams = np.repeat(np.array([lam or 0.0 for lam in lams]), [len(row) for row in rows])
+        hyp_wanted = np.repeat(wanted, [len(row) for row in rows])
+        at_token = np.repeat(hyp_wanted, lengths)  # the tokens of the lists that want interp, at their λ
+        interp = np.zeros(len(hyps))
+        interp[hyp_wanted] = token_sums(
+            interpolate_at(neural[at_token], ngram[at_token], np.repeat(hyp_lams[hyp_wanted], lengths[hyp_wanted])),
+            lengths[hyp_wanted],
         )
+    neural_sums = None if neural is None else token_sums(neural, lengths)
+    ngram_sums = None if ngram is None else token_sums(ngram, lengths)
+    oov = np.array([h.oov for h in hyps], dtype=np.int64)
+    out, start = [], 0
+    for row, lam, want in zip(rows, lams, wanted, strict=True):
+        at = slice(start, start + len(row))
+        start = at.stop
+        out.append(
+            LMSums(
+                None if neural_sums is None else neural_sums[at],
+                None if ngram_sums is None else ngram_sums[at],
+                interp[at] if want else None,
+                lam,
+                oov[at],
+                lengths[at],
+            )
+        )
+    return out
 
-    def unpack(self) -> list[HypothesisScores]:
-        if not len(self.lengths):
-            return []
-        ends = np.cumsum(self.lengths).tolist()
-        starts = [0, *ends[:-1]]
 
-        def split(flat: np.ndarray | None) -> list[np.ndarray | None]:  # (slices: np.split costs 3x as much)
-            return [None] * len(ends) if flat is None else [flat[a:b] for a, b in zip(starts, ends, strict=True)]
-
-        return [
-            HypothesisScores(n, g, int(o))
-            for n, g, o in zip(split(self.neural), split(self.ngram), self.oov.tolist(), strict=True)
-        ]
+def token_sums(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per hypothesis the sum of its ``lengths`` token scores in ``flat`` (0 for a hypothesis with none)."""
+    out = np.zeros(len(lengths), dtype=np.float64)
+    full = lengths > 0
+    if full.any():
+        starts = (np.cumsum(lengths) - lengths)[full]
+        out[full] = np.add.reduceat(flat.astype(np.float64, copy=False), starts)
+    return out
 
 
 @contextlib.contextmanager

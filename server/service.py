@@ -67,12 +67,14 @@ def score_sentences(model: ServedModel, sentences: list[str]) -> list:
     return model.lm.score(sentences)
 
 
-def score_lists(model: ServedModel, texts: list[list[str]]) -> list[lmscores.PackedScores]:
-    """Per-token neural and n-gram scores of every hypothesis, per list (one engine call for all the lists), packed:
-    they may come back from a scoring process."""
+def score_lists(model: ServedModel, lists: list[tuple[list[str], float | None]]) -> list[lmscores.LMSums]:
+    """The LM features of every hypothesis of each (texts, λ) list: one engine call for all the lists, and their
+    sums over tokens (interp at the list's λ) taken here, for all the lists at once, so that what comes back from a
+    scoring process is a few short arrays a list and the server process reranks without touching token scores."""
     lms = model.lms
-    lists = NBestList([NBestEntry("", [Hypothesis(text) for text in row]) for row in texts])
-    return [lmscores.PackedScores.pack(row) for row in lmscores.compute(lists, lms.scorer, lms.ngram, lms.normalizer)]
+    nbest = NBestList([NBestEntry("", [Hypothesis(text) for text in texts]) for texts, _ in lists])
+    rows = lmscores.compute(nbest, lms.scorer, lms.ngram, lms.normalizer)
+    return lmscores.summed(rows, [lam for _, lam in lists])
 
 
 class LMServicer:
@@ -307,10 +309,9 @@ class LMServicer:
         setup, profile = self.combination(model, request.combination)
         check_features(nbest, setup.features, setup.definitions, setup.lam, True)
 
-        texts = [[h.text for h in e.hypotheses] for e in entries]
-        packed = await self.batched(context, self.list_batcher, model, texts, tokens, LISTS_PER_CHUNK)
-        scores = [p.unpack() for p in packed]
-        fields["tokens"] = sum(len(h.neural) for row in scores for h in row)
+        work = [([h.text for h in e.hypotheses], setup.lam) for e in entries]
+        scores = await self.batched(context, self.list_batcher, model, work, tokens, LISTS_PER_CHUNK)
+        fields["tokens"] = sum(int(s.tokens.sum()) for s in scores)
 
         def finish() -> pb.Rescored:
             ranked, chosen = reranked(nbest, setup, scores)

@@ -11,7 +11,7 @@ from conftest import make_sentences
 
 from rescoring.cli import main as rescore_main
 from rescoring.features import feature_matrices, parse_definition
-from rescoring.lmscores import PackedScores, cache_key, compute, load_or_compute
+from rescoring.lmscores import cache_key, compute, load_or_compute, summed
 from rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
 from rescoring.ngram import NgramLM, build_ngram
 from rescoring.rescore import LanguageModels, Setup, report, reranked, tune
@@ -107,22 +107,41 @@ def test_lm_scores_share_tokens_interpolate_and_cache(bundles, ngram_model, tmp_
         compute(nbest, None, None, models.normalizer)
 
 
-def test_packed_scores_come_back_as_they_went(bundles, ngram_model):
-    """What a scoring process sends back: the same numbers, also with an LM missing and for an empty list."""
+def test_lm_sums_of_a_batch_give_the_features_of_token_scores(bundles, ngram_model):
+    """What a scoring process sends back for a batch of lists, each at its own λ (or none): after a round trip
+    through pickle, the same feature matrices as the token scores give, also with an LM missing and for an empty
+    list; interp at another λ than the sums were taken at is refused."""
     models = LanguageModels.load(bundles[("full", 0.0)][1], ngram_model, threads=1)
-    nbest = NBestList([NBestEntry("u", [Hypothesis("w1 w2 zzz"), Hypothesis(""), Hypothesis("w3 w1 w2 w4")])])
-    both = models.scores(nbest)[0]
-    ngram_only = LanguageModels(None, models.ngram, models.normalizer).scores(nbest)[0]
-    for row in (both, ngram_only):
-        back = pickle.loads(pickle.dumps(PackedScores.pack(row))).unpack()
-        assert [h.oov for h in back] == [h.oov for h in row]
-        for got, sent in zip(back, row, strict=True):
-            for name in ("neural", "ngram"):
-                if getattr(sent, name) is None:
-                    assert getattr(got, name) is None
-                else:
-                    np.testing.assert_array_equal(getattr(got, name), getattr(sent, name))
-    assert PackedScores.pack([]).unpack() == []
+    nbest = NBestList(
+        [
+            NBestEntry("u", [Hypothesis("w1 w2 zzz"), Hypothesis(""), Hypothesis("w3 w1 w2 w4")]),
+            NBestEntry("v", [Hypothesis("w4 w4"), Hypothesis("w2 zzz w1")]),
+            NBestEntry("w", [Hypothesis("w1")]),
+        ]
+    )
+    rows = models.scores(nbest)
+    lams = [0.3, None, 0.7]
+    sums = pickle.loads(pickle.dumps(summed(rows, lams)))
+    for i, lam in enumerate(lams):
+        one = NBestList([nbest.entries[i]])
+        names = ["neural", "ngram", "oov", "length"] + (["interp"] if lam else [])
+        [want] = feature_matrices(one, names, [rows[i]], lam=lam)
+        [got] = feature_matrices(one, names, [sums[i]], lam=lam)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    with pytest.raises(ValueError, match="at λ=0.5: these sums have it at λ=0.3"):
+        feature_matrices(NBestList([nbest.entries[0]]), ["interp"], [sums[0]], lam=0.5)
+    with pytest.raises(ValueError, match="at λ=0.4: these sums have it at λ=None"):
+        feature_matrices(NBestList([nbest.entries[1]]), ["interp"], [sums[1]], lam=0.4)
+    ngram_only = LanguageModels(None, models.ngram, models.normalizer).scores(nbest)
+    [sums] = summed(ngram_only[:1], [None])
+    np.testing.assert_array_equal(sums.oov, [h.oov for h in ngram_only[0]])
+    with pytest.raises(ValueError, match="'neural': that LM was not given"):
+        feature_matrices(NBestList([nbest.entries[0]]), ["neural"], [sums])
+    with pytest.raises(ValueError, match="interpolation needs both"):
+        summed(ngram_only[:1], [0.5])
+    with pytest.raises(ValueError, match="must be in"):
+        summed(rows[:1], [1.5])
+    assert summed([], []) == []
 
 
 def test_tuned_lm_features_beat_the_first_pass_on_held_out_lists(bundles, ngram_model):
