@@ -3,21 +3,22 @@
     python -m benchmarks.serve_load [--quick] [--rounds 3] [--precision int8|fp32]
 
 The LibriSpeech rescoring model (Gutenberg 2x256 adaptive bundle, 4-gram, the weights tuned on dev_clean) served by
-``lm-serve`` in a child process with 2 scoring threads of 1 ONNX Runtime thread each, on loopback; the load generator
+``lm-serve`` in a child process with 2 scoring processes (``engine = "processes"``, ``server.engine``) of 1 ONNX
+Runtime thread each, on loopback: the configuration for a loaded service on a multi-core machine. The load generator
 (``benchmarks.serve_harness``) replays dev_other 30-best lists as RescoreNBest calls (one list a call) and PTB test
 sentences as ScoreSentences calls (one sentence a call), closed-loop at concurrency 1, 8 and 32.
 
 Concurrency 32 runs in rounds that take turns, so that the ratios stay fair when other work on the machine comes and
 goes: per round, the same slice of lists goes (a) through the offline scorer, (b) to the server with batching on,
-(c) to an identical server with batching off, (d) to a server whose 2 scoring workers are processes
-(``engine = "processes"``, ``server.engine``), (e) to two replicas of 1 scoring thread each (``lm-serve serve
---replicas 2``), the calls taking turns between them (gRPC round-robin over one channel). The offline scorer is the
+(c) to an identical server with batching off, (d) to a server whose 2 scoring workers are threads of its own process
+(``engine = "threads"``, the config's default: ``threads_*``), (e) to two replicas of 1 scoring thread each
+(``lm-serve serve --replicas 2``), the calls taking turns between them (gRPC round-robin over one channel). The offline scorer is the
 same work without gRPC (``rescoring.lmscores.compute`` and the weights' choice) in this process, on as many threads
 as the server scores with (2, of 1 intra-op thread each), 64 lists per compute call (its default). Figures at 32 are medians over the rounds
 (latency percentiles over all their calls); ``c32_vs_offline`` and ``batching_speedup_c32`` are ratios of medians.
-The replicas and the scoring processes show what one process leaves on the table: its threads hold the GIL for much
-of each call (py-spy at concurrency 32: 60% of the time), so one server process uses about 1.4 of 2 cores. The
-processes server is also timed at concurrency 1 (``processes_c1_*``): its calls cross a process boundary twice.
+The threads server shows what one process leaves on the table: its threads hold the GIL for much of each call
+(py-spy at concurrency 32: 60% of the time), so it uses about 1.4 of 2 cores. It is also timed at concurrency 1
+(``threads_c1_*``), where it answers sooner: a call to the processes server crosses a process boundary twice.
 ``--precision`` picks the bundle served and scored offline: ``int8`` (default, the rescoring model as served) or
 ``fp32``.
 
@@ -161,33 +162,32 @@ def main() -> None:
     nbest_budget = {1: (c1_lists, 30 * scale), 8: (2000, 20 * scale)}
     sentence_budget = {1: (1000, 10 * scale), 8: (3761, 10 * scale), 32: (3761, 15 * scale)}
     per_round = int(1500 * scale)  # lists per round at concurrency 32 (~6 s: past the first seconds' uneven batches)
-    on_settings = ServerSettings(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
-    off_settings = ServerSettings(batching=False, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
+    batching = dict(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
+    on_settings = ServerSettings(engine="processes", **batching)
+    off_settings = ServerSettings(engine="processes", batching=False, **batching)
+    threads_settings = ServerSettings(engine="threads", **batching)
+    replica_settings = ServerSettings(engine="threads", workers=1, **batching)
     load_before = os.getloadavg()
 
     lists = dev_other_lists()
     requests, sentences = nbest_requests(lists), sentence_requests()
     offline = Offline(on_settings.workers, bundle)
     offline.work(lists[:4])  # first runs of the graphs
-    replica_settings = ServerSettings(workers=1, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms)
-    processes_settings = ServerSettings(
-        engine="processes", max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms
-    )
     alone = offline.one_by_one_ms(lists[:c1_lists])  # the lists the concurrency-1 run sends
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         servers = {
             "on": on_settings,
             "off": off_settings,
-            "processes": processes_settings,
+            "threads": threads_settings,
             "replicas": replica_settings,
         }
-        on, off, processes, replicas = (
+        on, off, threads, replicas = (
             stack.enter_context(start_server(Path(tmp) / n, c, bundle=bundle, replicas=2 if n == "replicas" else 1))
             for n, c in servers.items()
         )
-        targets = {name: server.address for name, server in zip(servers, (on, off, processes, replicas), strict=True)}
+        targets = {name: server.address for name, server in zip(servers, (on, off, threads, replicas), strict=True)}
         nbest = levels(on.address, requests, "RescoreNBest", nbest_budget)
-        processes_c1 = levels(processes.address, requests, "RescoreNBest", {1: nbest_budget[1]})[1]
+        threads_c1 = levels(threads.address, requests, "RescoreNBest", {1: nbest_budget[1]})[1]
         for target in targets.values():
             run_load(target, requests, "RescoreNBest", 32, max_requests=64, max_seconds=30)
         rounds = {"offline": [], **{name: [] for name in targets}}
@@ -204,9 +204,9 @@ def main() -> None:
         sizes = batch_sizes(on.metrics_url)
         text = levels(on.address, sentences, "ScoreSentences", sentence_budget)
         text_off = levels(off.address, sentences, "ScoreSentences", {32: sentence_budget[32]})[32]
-        codes = [server.stop() for server in (on, off, processes, replicas)]
+        codes = [server.stop() for server in (on, off, threads, replicas)]
     nbest[32], batching_off, two_replicas = pooled(rounds["on"]), pooled(rounds["off"]), pooled(rounds["replicas"])
-    in_processes = pooled(rounds["processes"])
+    in_threads = pooled(rounds["threads"])
     offline_rps = statistics.median(rounds["offline"])
 
     metrics = {}
@@ -217,11 +217,11 @@ def main() -> None:
         metrics[f"engine_alone_c1_p{q}_ms"] = float(np.percentile(alone, q))
     metrics["offline_rps"] = offline_rps
     metrics["c32_vs_offline"] = nbest[32]["rps"] / offline_rps
-    metrics["processes_c32_rps"] = in_processes["rps"]
-    metrics["processes_c32_p99_ms"] = in_processes["p99_ms"]
-    metrics["processes_c32_vs_offline"] = in_processes["rps"] / offline_rps
+    metrics["threads_c32_rps"] = in_threads["rps"]
+    metrics["threads_c32_p99_ms"] = in_threads["p99_ms"]
+    metrics["threads_c32_vs_offline"] = in_threads["rps"] / offline_rps
     for key in ("rps", "p50_ms", "p99_ms"):
-        metrics[f"processes_c1_{key}"] = processes_c1[key]
+        metrics[f"threads_c1_{key}"] = threads_c1[key]
     metrics["replicas_c32_rps"] = two_replicas["rps"]
     metrics["replicas_c32_p99_ms"] = two_replicas["p99_ms"]
     metrics["replicas_c32_vs_offline"] = two_replicas["rps"] / offline_rps
@@ -235,7 +235,7 @@ def main() -> None:
     metrics["sentences_batching_speedup_c32"] = text[32]["rps"] / text_off["rps"]
     metrics["errors"] = sum(
         f["errors"]
-        for f in [*nbest.values(), batching_off, in_processes, processes_c1, two_replicas, *text.values(), text_off]
+        for f in [*nbest.values(), batching_off, in_threads, threads_c1, two_replicas, *text.values(), text_off]
     )
     print({k: round(v, 3) for k, v in metrics.items()})
     if args.quick:
@@ -246,11 +246,11 @@ def main() -> None:
         bundle=str(bundle.relative_to(ROOT)),
         precision=args.precision,
         server=on_settings.record(),
-        threads="server: 2 scoring threads x 1 ONNX Runtime intra-op thread per scorer call; offline: the same",
+        threads="server: 2 scoring processes x 1 ONNX Runtime intra-op thread; offline: 2 threads x 1 intra-op thread",
         combination=combination(),
         rescore_nbest=nbest,
         rescore_nbest_batching_off_c32=batching_off,
-        rescore_nbest_processes={"1": processes_c1, "32": in_processes, "server": processes_settings.record()},
+        rescore_nbest_threads={"1": threads_c1, "32": in_threads, "server": threads_settings.record()},
         rescore_nbest_two_replicas_c32={**two_replicas, "server": {**replica_settings.record(), "replicas": 2}},
         offline={"rounds_rps": rounds["offline"], "threads": offline.threads, "lists_per_call": 64},
         lists_per_round_c32=per_round,

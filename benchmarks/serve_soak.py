@@ -1,8 +1,9 @@
 """A 10-minute soak of lm-serve at concurrency 32, hot reloads and a shutdown under load -> serve_soak.json
 
-    python -m benchmarks.serve_soak [--minutes 10] [--engine threads|processes]
+    python -m benchmarks.serve_soak [--minutes 10] [--engine processes|threads]
 
-The LibriSpeech rescoring server of ``serve_load`` (2 scoring threads of 1 ONNX Runtime thread, batching on) gets
+The LibriSpeech rescoring server of ``serve_load`` (2 scoring processes of 1 ONNX Runtime thread, batching on; with
+``--engine threads``, 2 scoring threads of its own process -> serve_soak_threads.json) gets
 32 closed-loop callers: 22 replaying dev_other 30-best lists (RescoreNBest), 6 PTB test sentences (ScoreSentences,
 8 a call) and 4 decoders stepping through dev_other transcripts (ScoreNextWords, 8 candidates, each step carrying the
 state of the last). Meanwhile:
@@ -167,9 +168,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds before the RSS baseline")
     parser.add_argument(
         "--engine",
-        choices=["threads", "processes"],
-        default="threads",
-        help="server.engine (processes: -> serve_soak_processes.json)",
+        choices=["processes", "threads"],
+        default="processes",
+        help="server.engine (threads: -> serve_soak_threads.json)",
     )
     args = parser.parse_args()
     seconds = args.minutes * 60
@@ -211,7 +212,7 @@ def main() -> None:
         **{f"{method}_p99_ms": value for method, value in latency.items()},
     }
     write_result(
-        "serve_soak" if args.engine == "threads" else f"serve_soak_{args.engine}",
+        "serve_soak" if args.engine == "processes" else f"serve_soak_{args.engine}",
         metrics,
         server=settings.record(),
         threads=f"server: 2 scoring {args.engine} x 1 ONNX Runtime intra-op thread per scorer call",
