@@ -2,7 +2,8 @@
 scoring thread pool, translate the result. Nothing here scores.
 
 Every method (and the Admin service's, ``server.admin``) goes through :func:`LMServicer.handler`, which parses the
-request bytes itself (so invalid UTF-8 is an ``INVALID_ARGUMENT`` naming the message, not an internal error), maps
+request bytes itself (so invalid UTF-8 is an ``INVALID_ARGUMENT`` naming the message, not an internal error) and
+serialises the response itself (once: its size goes in the log line), maps
 errors to status codes, and logs one JSON line per call (and counts it in the Prometheus metrics, when the server has
 them). Sentence scores and the LM scores of lists go through the micro-batchers (``server.batching``), in chunks
 (sentences, lists) with the deadline checked between them, so a call whose deadline passed or whose client went away
@@ -119,16 +120,15 @@ class LMServicer:
 
     def generic_handler(self, service=SERVICE, target: object = None) -> grpc.GenericRpcHandler:
         """Every method of ``service`` (implemented by ``target``, by default this servicer), each taking the request
-        as bytes (see the module docstring)."""
+        and giving the response as bytes (see the module docstring)."""
         target = self if target is None else target
         handlers = {}
         for method in service.methods:
             request_class = getattr(pb, method.input_type.name)
-            response_class = getattr(pb, method.output_type.name)
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 self.handler(method.name, request_class, getattr(target, method.name)),
                 request_deserializer=None,
-                response_serializer=response_class.SerializeToString,
+                response_serializer=None,
             )
         return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
@@ -168,8 +168,9 @@ class LMServicer:
                 log.exception("internal error", extra={"fields": fields})
                 error = RequestError(grpc.StatusCode.INTERNAL, f"{name}: internal error (the server log has details)")
             else:
-                self.done(fields, "OK", start, response_bytes=response.ByteSize())
-                return response
+                data = response.SerializeToString()
+                self.done(fields, "OK", start, response_bytes=len(data))
+                return data
             self.done(fields, error.code.name, start, error=error.message)
             await context.abort(error.code, error.message)
 
