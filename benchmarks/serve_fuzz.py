@@ -1,6 +1,6 @@
 """Fuzzed requests against lm-serve: no crash, the right status codes -> serve_fuzz.json
 
-    python -m benchmarks.serve_fuzz [--requests 3000] [--seed 0]
+    python -m benchmarks.serve_fuzz [--requests 3000] [--seed 0] [--engine processes|threads]
 
 Our own generator (the hypothesis library is not a dependency): each request is drawn from a family of malformed or
 odd input with the status codes it may get. Families: empty lists and strings, huge requests (too many sentences,
@@ -8,7 +8,8 @@ words, lists, candidates, bytes), invalid UTF-8 and random bytes instead of a me
 features, unknown models, profiles and features, broken feature definitions, λ out of range, wrong decoder state
 tokens (random, cut, bit-flipped, from another model's bundle fingerprint), bad candidates, and valid requests with
 random Unicode text (control characters, emoji, right-to-left, very long words), which must be answered. Requests go
-out from 4 concurrent callers to the LibriSpeech rescoring server.
+out from 4 concurrent callers to the LibriSpeech rescoring server (2 scoring processes, as ``serve_load`` measures it;
+``--engine threads``: 2 scoring threads -> serve_fuzz_threads.json).
 
 Recorded: counts per status code (overall and per family), every answer outside its family's expected codes, whether
 the server stayed up (health SERVING, same process), and its log's internal errors.
@@ -250,13 +251,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--engine",
+        choices=["processes", "threads"],
+        default="processes",
+        help="server.engine (threads: -> serve_fuzz_threads.json)",
+    )
     args = parser.parse_args()
     nbest = read_nbest(DEV_OTHER)
     lists = [messages.hypothesis_list(e) for e in nbest.entries[:200]]
     for message in lists:
         del message.references[:]
     vocab = sorted({w for e in nbest.entries[:200] for w in e.references[0].split()})
-    settings = ServerSettings()
+    settings = ServerSettings(engine=args.engine)
     with tempfile.TemporaryDirectory() as tmp, start_server(Path(tmp), settings) as server:
         with LMServeClient(server.address, timeout=60) as client:
             state = client.score_next_words(["THE"], model="librispeech").words[0].state
@@ -284,7 +291,7 @@ def main() -> None:
         "exit_code": exit_code,
     }
     write_result(
-        "serve_fuzz",
+        "serve_fuzz" if args.engine == "processes" else f"serve_fuzz_{args.engine}",
         metrics,
         seed=args.seed,
         codes=dict(codes),
