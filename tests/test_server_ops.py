@@ -377,3 +377,16 @@ def test_tls_batching_and_admin_config_errors_name_the_key(bundles, certs, tmp_p
     config.tls.key = tmp_path / "missing.key"
     with pytest.raises(ConfigError, match="tls.key = .*missing.key': cannot read it"):
         server_credentials(config.tls)
+
+
+def test_the_shipped_serve_config_serves_what_make_demo_writes():
+    """``configs/serve_demo.toml`` (README: "Serving") reads, and names the bundle, n-gram and weights file that the
+    Makefile's demo target writes: renaming one there without the other fails here."""
+    root = Path(__file__).resolve().parents[1]
+    config = load_config(root / "configs" / "serve_demo.toml")
+    demo = (root / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    [model] = config.models.values()
+    written = [model.bundle, model.ngram, *model.profiles.values()]
+    for path in written:
+        assert path.resolve().is_relative_to(root / "var")
+        assert str(path.resolve().relative_to(root)) in demo, f"make demo does not write {path}"
