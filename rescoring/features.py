@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from rescoring.lmscores import HypothesisScores, LMSums, interpolate, token_sums
+from rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, token_sums
 from rescoring.nbest import NBestList
 
 LM_FEATURES = ("neural", "ngram", "interp", "oov", "length")
@@ -137,6 +137,5 @@ class _Columns:
         if name not in self.tokens:
             arrays = [getattr(s, name) for s in self.scores]
             lengths = np.array([0 if a is None else len(a) for a in arrays], dtype=np.int64)
-            flat = None if any(a is None for a in arrays) else np.concatenate([*arrays, np.zeros(0)])
-            self.tokens[name] = (flat, lengths)
+            self.tokens[name] = (concatenated(arrays), lengths)
         return self.tokens[name]

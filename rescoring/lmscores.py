@@ -169,27 +169,15 @@ def summed(rows: list[list[HypothesisScores]], lams: list[float | None]) -> list
     cost more than the sums."""
     hyps = [h for row in rows for h in row]
     lengths = np.array([len(h.neural if h.neural is not None else h.ngram) for h in hyps], dtype=np.int64)
-
-    def flat(arrays: list[np.ndarray | None]) -> np.ndarray | None:
-        return None if any(a is None for a in arrays) else np.concatenate([*arrays, np.zeros(0)])
-
-    neural, ngram = flat([h.neural for h in hyps]), flat([h.ngram for h in hyps])
+    neural, ngram = concatenated([h.neural for h in hyps]), concatenated([h.ngram for h in hyps])
     for lam in lams:
         if lam is not None:
             check_lambda(lam)
     wanted = [lam is not None for lam in lams]
     interp = None
-    if any(wanted):
-        if neural is None or ngram is None:
-            raise ValueError("interpolation needs both a neural LM and an n-gram")
-        hyp_lams = np.repeat(np.array([lam or 0.0 for lam in lams]), [len(row) for row in rows])
-        hyp_wanted = np.repeat(wanted, [len(row) for row in rows])
-        at_token = np.repeat(hyp_wanted, lengths)  # the tokens of the lists that want interp, at their λ
-        interp = np.zeros(len(hyps))
-        interp[hyp_wanted] = token_sums(
-            interpolate_at(neural[at_token], ngram[at_token], np.repeat(hyp_lams[hyp_wanted], lengths[hyp_wanted])),
-            lengths[hyp_wanted],
-        )
+    if any(wanted):  # every token at its list's λ (0.5 for the lists that want none: their sums are not kept)
+        hyp_lams = np.repeat([0.5 if lam is None else lam for lam in lams], [len(row) for row in rows])
+        interp = token_sums(interpolate_at(neural, ngram, np.repeat(hyp_lams, lengths)), lengths)
     neural_sums = None if neural is None else token_sums(neural, lengths)
     ngram_sums = None if ngram is None else token_sums(ngram, lengths)
     oov = np.array([h.oov for h in hyps], dtype=np.int64)
@@ -208,6 +196,11 @@ def summed(rows: list[list[HypothesisScores]], lams: list[float | None]) -> list
             )
         )
     return out
+
+
+def concatenated(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+    """Token scores end to end (None when any is None: that LM was not given)."""
+    return None if any(a is None for a in arrays) else np.concatenate([*arrays, np.zeros(0)])
 
 
 def token_sums(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
