@@ -74,9 +74,10 @@ class HeadConfig:
     # class: a trained run (or checkpoint) over the same vocabulary whose input embeddings are clustered into the
     # classes (empty: frequency bins)
     class_embeddings: str = ""
-    # tree: huffman (codes of the training unigram) | clustered (top-down splits of tree_embeddings) | balanced
+    # tree: huffman (codes of the training unigram) | clustered (top-down splits of tree_embeddings) |
+    # huffman_clustered (Huffman path lengths, words placed by tree_embeddings) | balanced
     tree: str = "huffman"
-    tree_embeddings: str = ""  # tree = clustered: a trained run (or checkpoint) over the same vocabulary
+    tree_embeddings: str = ""  # tree = (huffman_)clustered: a trained run (or checkpoint) over the same vocabulary
     slim_subvectors: int = 4  # slim: K sub-vectors per output vector (divides the head's input size)
     slim_pool: int = 0  # slim: M shared sub-vectors in all, M/K per position (a multiple of K; required)
     # charcnn (Labeau 2018, ch. 5): each output vector is a word vector (the head's input size less charcnn_size)
@@ -171,7 +172,7 @@ _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),
     ("head", "type"): ("full", "adaptive", "class", "tree", "slim", "charcnn"),
     ("head", "bias_init"): ("uniform", "unigram"),
-    ("head", "tree"): ("huffman", "clustered", "balanced"),
+    ("head", "tree"): ("huffman", "clustered", "huffman_clustered", "balanced"),
     ("objective", "type"): ("cross_entropy", *SAMPLED_OBJECTIVES),
     ("objective", "target_term"): ("corrected", "exact"),
     ("optimizer", "name"): ("sgd", "adagrad", "adam"),

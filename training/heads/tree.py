@@ -11,7 +11,8 @@ The tree is a buffer saved with the model, ``branches [V-1, 2]``: internal node 
 ``branches[i]`` (ids below V are words; a parent comes after its children, so the root is the last). ``huffman``
 trees are Huffman codes of the training unigram (Mikolov et al. 2013), built when ``init_bias`` hands it over;
 ``clustered`` trees split the words of a trained model's embeddings top-down (Mnih & Hinton 2009), so that similar
-words share paths; ``balanced`` trees (and every tree before then) are Huffman codes of equal weights. Paths are
+words share paths; ``huffman_clustered`` trees keep every word's Huffman path length and arrange the words by those
+embeddings; ``balanced`` trees (and every tree before then) are Huffman codes of equal weights. Paths are
 derived again after a checkpoint is loaded.
 """
 
@@ -25,7 +26,7 @@ from torch import nn
 
 from training.heads.base import Head, per_candidate
 
-TREE_TYPES = ("huffman", "clustered", "balanced")
+TREE_TYPES = ("huffman", "clustered", "huffman_clustered", "balanced")
 
 
 def huffman_branches(weights: np.ndarray) -> torch.Tensor:
@@ -42,11 +43,24 @@ def huffman_branches(weights: np.ndarray) -> torch.Tensor:
     return torch.tensor(branches, dtype=torch.long).reshape(-1, 2)
 
 
+def _principal_order(vectors: np.ndarray, ids: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` sorted along their embeddings' principal direction (a few power iterations from ``start``), with
+    their projections on it."""
+    centred = vectors[ids] - vectors[ids].mean(0)
+    direction = start
+    for _ in range(8):
+        direction = centred.T @ (centred @ direction)
+        direction = direction / (np.linalg.norm(direction) + 1e-12)
+    projection = centred @ direction
+    sort = np.argsort(projection, kind="stable")
+    return ids[sort], projection[sort]
+
+
 def clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torch.Tensor:
-    """Top-down: each node orders its words along their principal direction (a few power iterations) and cuts that
-    line where two 1-D clusters are tightest, among the cuts that leave each side between a quarter and three
-    quarters of the node's unigram mass (at the half when a single word outweighs that): similar words share a
-    path, and frequent words stay near the root, every level taking at least a quarter of the mass off."""
+    """Top-down: each node orders its words along their principal direction and cuts that line where two 1-D
+    clusters are tightest, among the cuts that leave each side between a quarter and three quarters of the node's
+    unigram mass (at the half when a single word outweighs that): similar words share a path, and frequent words
+    stay near the root, every level taking at least a quarter of the mass off."""
     vocab_size = len(weights)
     start = np.random.default_rng(0).standard_normal(vectors.shape[1])
     branches: list[tuple[int, int]] = []
@@ -54,14 +68,7 @@ def clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torch.Tensor
     def split(ids: np.ndarray) -> int:
         if len(ids) == 1:
             return int(ids[0])
-        centred = vectors[ids] - vectors[ids].mean(0)
-        direction = start
-        for _ in range(8):
-            direction = centred.T @ (centred @ direction)
-            direction = direction / (np.linalg.norm(direction) + 1e-12)
-        projection = centred @ direction
-        sort = np.argsort(projection, kind="stable")
-        order, line = ids[sort], projection[sort]
+        order, line = _principal_order(vectors, ids, start)
         mass = np.cumsum(weights[order])[:-1] / weights[order].sum()  # left side's share for cut = 1 .. n-1
         sizes = np.arange(1, len(ids))
         sums = np.cumsum(line)[:-1]
@@ -73,6 +80,56 @@ def clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torch.Tensor
             cut = int(sizes[np.argmin(np.abs(mass - 0.5))])
         left, right = split(order[:cut]), split(order[cut:])
         branches.append((left, right))  # after its children: ids stay children-before-parents
+        return vocab_size + len(branches) - 1
+
+    split(np.arange(vocab_size))
+    return torch.tensor(branches, dtype=torch.long).reshape(-1, 2)
+
+
+def leaf_depths(branches: torch.Tensor) -> np.ndarray:
+    """Every word's path length in a tree given as ``branches`` (children before parents, the root last)."""
+    vocab_size = len(branches) + 1
+    depth = np.zeros(2 * vocab_size - 1, dtype=np.int64)
+    for i in reversed(range(len(branches))):
+        depth[branches[i]] = depth[vocab_size + i] + 1
+    return depth[:vocab_size]
+
+
+def huffman_clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torch.Tensor:
+    """A Huffman code whose words are placed by their embeddings: every word keeps its Huffman path length (so the
+    expected path, the cost of a tree, is the Huffman tree's), but any tree with those depths is an optimal code,
+    and this one splits top-down like ``clustered_branches``. A node whose words lie ``r`` levels below it has
+    Kraft sum Σ 2^-r = 1 and must send exactly half of it each way: walking its words along their principal
+    direction, the left child takes each word that still fits in its half (near-neighbours first, a few small
+    words from further along to fill it exactly); if that walk cannot fill the half exactly, the words are taken
+    largest first, which always can."""
+    vocab_size = len(weights)
+    depths = leaf_depths(huffman_branches(weights))
+    if depths.max() > 62:
+        raise ValueError(f"a Huffman path of {depths.max()} nodes: too deep for a clustered Huffman code")
+    start = np.random.default_rng(0).standard_normal(vectors.shape[1])
+    branches: list[tuple[int, int]] = []
+
+    def fill_half(order: np.ndarray, units: np.ndarray) -> np.ndarray | None:
+        """Which of ``order`` the left child takes, walking in order; None if the walk misses half exactly."""
+        half, total = units.sum() // 2, 0
+        taken = np.zeros(len(order), dtype=bool)
+        for i, unit in enumerate(units.tolist()):
+            if total + unit <= half:
+                taken[i], total = True, total + unit
+        return taken if total == half else None
+
+    def split(ids: np.ndarray) -> int:
+        if len(ids) == 1:
+            return int(ids[0])
+        order, _ = _principal_order(vectors, ids, start)
+        units = np.left_shift(1, depths[order].max() - depths[order])  # Kraft shares 2^-depth, scaled to integers
+        in_left = fill_half(order, units)
+        if in_left is None:
+            largest_first = np.argsort(-units, kind="stable")
+            in_left = np.zeros(len(order), dtype=bool)
+            in_left[largest_first] = fill_half(order[largest_first], units[largest_first])
+        branches.append((split(order[in_left]), split(order[~in_left])))  # after its children, as above
         return vocab_size + len(branches) - 1
 
     split(np.arange(vocab_size))
@@ -103,8 +160,8 @@ class TreeSoftmax(Head):
         super().__init__()
         if tree not in TREE_TYPES:
             raise ValueError(f"head.tree = {tree!r}, expected one of {', '.join(TREE_TYPES)}")
-        if tree == "clustered" and not embeddings:
-            raise ValueError("head.tree = clustered needs head.tree_embeddings: a trained run over the same vocabulary")
+        if tree in ("clustered", "huffman_clustered") and not embeddings:
+            raise ValueError(f"head.tree = {tree} needs head.tree_embeddings: a trained run over the same vocabulary")
         if vocab_size < 2:
             raise ValueError(f"a tree softmax needs at least 2 words, the vocabulary has {vocab_size}")
         self.vocab_size = vocab_size
@@ -143,6 +200,8 @@ class TreeSoftmax(Head):
             self.branches.copy_(huffman_branches(weights))
         elif self.tree == "clustered":
             self.branches.copy_(clustered_branches(load_embeddings(self.embeddings, self.vocab_size), weights))
+        elif self.tree == "huffman_clustered":
+            self.branches.copy_(huffman_clustered_branches(load_embeddings(self.embeddings, self.vocab_size), weights))
         self._derive_paths()
 
     @torch.no_grad()
