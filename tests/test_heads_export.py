@@ -26,6 +26,12 @@ ROWS = {
         False,
     ),
     "tree": ({"type": "tree", "bias_init": "unigram"}, {}, False),
+    # a Huffman code placed by the "class" row's embeddings
+    "tree-huffman-clustered": (
+        {"type": "tree", "bias_init": "unigram", "tree": "huffman_clustered", "tree_embeddings": "{runs}/class"},
+        {},
+        False,
+    ),
     "slim": ({"type": "slim", "slim_subvectors": 4, "slim_pool": 32}, {}, False),
     "full-nce": (
         {"type": "full", "bias_init": "unigram", "log_z": 3.0, "learn_log_z": True},

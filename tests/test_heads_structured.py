@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from training.config import HeadConfig
 from training.heads import ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax, build_head
 from training.heads.class_based import clustered_classes, frequency_bins
-from training.heads.tree import huffman_branches
+from training.heads.tree import huffman_branches, leaf_depths
 
 V, D, N = 60, 12, 40
 
@@ -259,19 +259,31 @@ def test_registry_builds_every_head_and_names_the_key():
         ClassSoftmax(D, V, classes=61)
 
 
-def test_clustered_tree_keeps_similar_words_together(tmp_path):
-    """Two clusters of embeddings: the root separates them; frequencies still shorten frequent words' paths."""
+def two_clusters_checkpoint(tmp_path) -> str:
+    """A checkpoint whose input embeddings form two tight clusters: the even word ids and the odd ones."""
     rng = np.random.default_rng(0)
-    centres = np.where(np.arange(V)[:, None] % 2 == 0, 3.0, -3.0) * np.eye(1, D)  # even ids left, odd right
+    centres = np.where(np.arange(V)[:, None] % 2 == 0, 3.0, -3.0) * np.eye(1, D)
     vectors = torch.tensor(centres + rng.normal(scale=0.1, size=(V, D)), dtype=torch.float32)
     (tmp_path / "ckpt").mkdir()
     save_file({"embedding.weight": vectors}, str(tmp_path / "ckpt" / "model.safetensors"))
-    head = build_head(HeadConfig(type="tree", tree="clustered", tree_embeddings=str(tmp_path / "ckpt")), D, V)
+    return str(tmp_path / "ckpt")
+
+
+def root_agreement_with_the_clusters(head: TreeSoftmax) -> float:
+    """The share of words that the root sends the way of the majority of their cluster (1: it splits even from odd)."""
+    first_turn = head.path_signs[torch.arange(V), (head.path_signs != 0).sum(1) - 1] > 0  # the root is last on a path
+    agree = (first_turn == (torch.arange(V) % 2 == 0)).double().mean().item()
+    return max(agree, 1 - agree)
+
+
+def test_clustered_tree_keeps_similar_words_together(tmp_path):
+    """Two clusters of embeddings: the root separates them; frequencies still shorten frequent words' paths."""
+    head = build_head(
+        HeadConfig(type="tree", tree="clustered", tree_embeddings=two_clusters_checkpoint(tmp_path)), D, V
+    )
     prior = zipf_prior(V)
     head.init_bias(prior)
-    first_turn = head.path_signs[torch.arange(V), (head.path_signs != 0).sum(1) - 1]  # the root is last on a path
-    assert len(set(first_turn[0::2].tolist())) == 1 and len(set(first_turn[1::2].tolist())) == 1
-    assert first_turn[0] != first_turn[1]
+    assert root_agreement_with_the_clusters(head) == 1.0
     depth = (head.path_signs != 0).sum(1).double()
     entropy = -(prior.double().exp() * prior.double() / math.log(2)).sum().item()
     assert (prior.double().exp() * depth).sum().item() < entropy + 2  # mass-halving splits: Shannon-Fano bound
@@ -280,3 +292,27 @@ def test_clustered_tree_keeps_similar_words_together(tmp_path):
         TreeSoftmax(D, V, "clustered")
     with pytest.raises(ValueError, match="covers? 60 words|cover 60 words"):
         TreeSoftmax(D, V + 1, "clustered", str(tmp_path / "ckpt")).init_bias(zipf_prior(V + 1))
+
+
+def test_huffman_clustered_tree_is_a_huffman_code_that_keeps_similar_words_together(tmp_path):
+    """Every word's path is as long as in the Huffman tree; the words are placed by their embeddings, so when each
+    cluster holds about half of the Kraft sum (word pairs 2k, 2k + 1 of equal frequency) the root separates them."""
+    config = HeadConfig(type="tree", tree="huffman_clustered", tree_embeddings=two_clusters_checkpoint(tmp_path))
+    head = build_head(config, D, V)
+    weights = 1.0 / (torch.arange(V, dtype=torch.float64) // 2 + 1)
+    prior = (weights / weights.sum()).log().float()
+    head.init_bias(prior)
+    huffman = TreeSoftmax(D, V, "huffman")
+    huffman.init_bias(prior)
+    torch.testing.assert_close(leaf_depths(head.branches), leaf_depths(huffman.branches), rtol=0, atol=0)
+    assert not torch.equal(head.branches, huffman.branches)
+    # (a tie of the Huffman code gives one pair unequal depths: a word of each cluster crosses over to even the halves)
+    assert root_agreement_with_the_clusters(head) >= 58 / 60 and root_agreement_with_the_clusters(huffman) < 0.75
+    torch.testing.assert_close(head.log_probs(torch.randn(3, D)).exp().sum(-1), torch.ones(3))
+    # without equal halves the walk along the principal direction still fills each half of the Kraft sum exactly
+    zipf = TreeSoftmax(D, V, "huffman_clustered", config.tree_embeddings)
+    zipf.init_bias(zipf_prior(V))
+    huffman.init_bias(zipf_prior(V))
+    torch.testing.assert_close(leaf_depths(zipf.branches), leaf_depths(huffman.branches), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="head.tree = huffman_clustered needs head.tree_embeddings"):
+        TreeSoftmax(D, V, "huffman_clustered")

@@ -100,35 +100,26 @@ def huffman_clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torc
     expected path, the cost of a tree, is the Huffman tree's), but any tree with those depths is an optimal code,
     and this one splits top-down like ``clustered_branches``. A node whose words lie ``r`` levels below it has
     Kraft sum Σ 2^-r = 1 and must send exactly half of it each way: walking its words along their principal
-    direction, the left child takes each word that still fits in its half (near-neighbours first, a few small
-    words from further along to fill it exactly); if that walk cannot fill the half exactly, the words are taken
-    largest first, which always can."""
+    direction, the left child takes each word that still fits in its half (near neighbours first, then a few small
+    words from further along). The walk always fills the half exactly: were it to stop short by c, every word
+    smaller than the smallest one it skipped, m > c, was taken, so the taken sum and the half are both multiples of
+    m (the shares are powers of two), and so is c."""
     vocab_size = len(weights)
     depths = leaf_depths(huffman_branches(weights))
-    if depths.max() > 62:
-        raise ValueError(f"a Huffman path of {depths.max()} nodes: too deep for a clustered Huffman code")
     start = np.random.default_rng(0).standard_normal(vectors.shape[1])
     branches: list[tuple[int, int]] = []
-
-    def fill_half(order: np.ndarray, units: np.ndarray) -> np.ndarray | None:
-        """Which of ``order`` the left child takes, walking in order; None if the walk misses half exactly."""
-        half, total = units.sum() // 2, 0
-        taken = np.zeros(len(order), dtype=bool)
-        for i, unit in enumerate(units.tolist()):
-            if total + unit <= half:
-                taken[i], total = True, total + unit
-        return taken if total == half else None
 
     def split(ids: np.ndarray) -> int:
         if len(ids) == 1:
             return int(ids[0])
         order, _ = _principal_order(vectors, ids, start)
-        units = np.left_shift(1, depths[order].max() - depths[order])  # Kraft shares 2^-depth, scaled to integers
-        in_left = fill_half(order, units)
-        if in_left is None:
-            largest_first = np.argsort(-units, kind="stable")
-            in_left = np.zeros(len(order), dtype=bool)
-            in_left[largest_first] = fill_half(order[largest_first], units[largest_first])
+        deepest = int(depths[order].max())
+        units = [1 << (deepest - int(d)) for d in depths[order]]  # Kraft shares 2^-r as exact (Python) integers
+        half, total = sum(units) // 2, 0
+        in_left = np.zeros(len(order), dtype=bool)
+        for i, unit in enumerate(units):
+            if total + unit <= half:
+                in_left[i], total = True, total + unit
         branches.append((split(order[in_left]), split(order[~in_left])))  # after its children, as above
         return vocab_size + len(branches) - 1
 
