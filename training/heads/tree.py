@@ -43,51 +43,56 @@ def huffman_branches(weights: np.ndarray) -> torch.Tensor:
     return torch.tensor(branches, dtype=torch.long).reshape(-1, 2)
 
 
-def _principal_order(vectors: np.ndarray, ids: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``ids`` sorted along their embeddings' principal direction (a few power iterations from ``start``), with
-    their projections on it."""
-    centred = vectors[ids] - vectors[ids].mean(0)
-    direction = start
-    for _ in range(8):
-        direction = centred.T @ (centred @ direction)
-        direction = direction / (np.linalg.norm(direction) + 1e-12)
-    projection = centred @ direction
-    sort = np.argsort(projection, kind="stable")
-    return ids[sort], projection[sort]
-
-
-def clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torch.Tensor:
-    """Top-down: each node orders its words along their principal direction and cuts that line where two 1-D
-    clusters are tightest, among the cuts that leave each side between a quarter and three quarters of the node's
-    unigram mass (at the half when a single word outweighs that): similar words share a path, and frequent words
-    stay near the root, every level taking at least a quarter of the mass off."""
-    vocab_size = len(weights)
+def _top_down(vectors: np.ndarray, goes_left) -> torch.Tensor:
+    """A tree split top-down: each node orders its words along their embeddings' principal direction (a few power
+    iterations) and ``goes_left(order, projections)`` marks the ones its left child takes."""
+    vocab_size = len(vectors)
     start = np.random.default_rng(0).standard_normal(vectors.shape[1])
     branches: list[tuple[int, int]] = []
 
     def split(ids: np.ndarray) -> int:
         if len(ids) == 1:
             return int(ids[0])
-        order, line = _principal_order(vectors, ids, start)
-        mass = np.cumsum(weights[order])[:-1] / weights[order].sum()  # left side's share for cut = 1 .. n-1
-        sizes = np.arange(1, len(ids))
-        sums = np.cumsum(line)[:-1]
-        spread = -(sums**2 / sizes + (line.sum() - sums) ** 2 / (len(ids) - sizes))  # within-sides sum of squares
-        allowed = (mass >= 0.25) & (mass <= 0.75)
-        if allowed.any():
-            cut = int(sizes[allowed][np.argmin(spread[allowed])])
-        else:
-            cut = int(sizes[np.argmin(np.abs(mass - 0.5))])
-        left, right = split(order[:cut]), split(order[cut:])
-        branches.append((left, right))  # after its children: ids stay children-before-parents
+        centred = vectors[ids] - vectors[ids].mean(0)
+        direction = start
+        for _ in range(8):
+            direction = centred.T @ (centred @ direction)
+            direction = direction / (np.linalg.norm(direction) + 1e-12)
+        projection = centred @ direction
+        sort = np.argsort(projection, kind="stable")
+        order = ids[sort]
+        left = goes_left(order, projection[sort])
+        branches.append((split(order[left]), split(order[~left])))  # after its children: children before parents
         return vocab_size + len(branches) - 1
 
     split(np.arange(vocab_size))
     return torch.tensor(branches, dtype=torch.long).reshape(-1, 2)
 
 
+def clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torch.Tensor:
+    """Top-down: each node cuts the line of its words where two 1-D clusters are tightest, among the cuts that leave
+    each side between a quarter and three quarters of the node's unigram mass (at the half when a single word
+    outweighs that): similar words share a path, and frequent words stay near the root, every level taking at least
+    a quarter of the mass off."""
+
+    def goes_left(order: np.ndarray, line: np.ndarray) -> np.ndarray:
+        mass = np.cumsum(weights[order])[:-1] / weights[order].sum()  # left side's share for cut = 1 .. n-1
+        sizes = np.arange(1, len(order))
+        sums = np.cumsum(line)[:-1]
+        spread = -(sums**2 / sizes + (line.sum() - sums) ** 2 / (len(order) - sizes))  # within-sides sum of squares
+        allowed = (mass >= 0.25) & (mass <= 0.75)
+        if allowed.any():
+            cut = int(sizes[allowed][np.argmin(spread[allowed])])
+        else:
+            cut = int(sizes[np.argmin(np.abs(mass - 0.5))])
+        return np.arange(len(order)) < cut
+
+    return _top_down(vectors, goes_left)
+
+
 def leaf_depths(branches: torch.Tensor) -> np.ndarray:
     """Every word's path length in a tree given as ``branches`` (children before parents, the root last)."""
+    branches = np.asarray(branches)
     vocab_size = len(branches) + 1
     depth = np.zeros(2 * vocab_size - 1, dtype=np.int64)
     for i in reversed(range(len(branches))):
@@ -104,27 +109,19 @@ def huffman_clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torc
     words from further along). The walk always fills the half exactly: were it to stop short by c, every word
     smaller than the smallest one it skipped, m > c, was taken, so the taken sum and the half are both multiples of
     m (the shares are powers of two), and so is c."""
-    vocab_size = len(weights)
     depths = leaf_depths(huffman_branches(weights))
-    start = np.random.default_rng(0).standard_normal(vectors.shape[1])
-    branches: list[tuple[int, int]] = []
 
-    def split(ids: np.ndarray) -> int:
-        if len(ids) == 1:
-            return int(ids[0])
-        order, _ = _principal_order(vectors, ids, start)
+    def goes_left(order: np.ndarray, _line: np.ndarray) -> np.ndarray:
         deepest = int(depths[order].max())
         units = [1 << (deepest - int(d)) for d in depths[order]]  # Kraft shares 2^-r as exact (Python) integers
         half, total = sum(units) // 2, 0
-        in_left = np.zeros(len(order), dtype=bool)
+        left = np.zeros(len(order), dtype=bool)
         for i, unit in enumerate(units):
             if total + unit <= half:
-                in_left[i], total = True, total + unit
-        branches.append((split(order[in_left]), split(order[~in_left])))  # after its children, as above
-        return vocab_size + len(branches) - 1
+                left[i], total = True, total + unit
+        return left
 
-    split(np.arange(vocab_size))
-    return torch.tensor(branches, dtype=torch.long).reshape(-1, 2)
+    return _top_down(vectors, goes_left)
 
 
 def load_embeddings(path: str, vocab_size: int, key: str = "head.tree_embeddings") -> np.ndarray:
