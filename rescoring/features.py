@@ -3,8 +3,9 @@
 Names a weights file or a command line can use:
 
 - any feature the list carries (``decoder``, ``ctc``, ``lm``, ``score`` for ESPnet; ``lm_0``, ``tm_pt_3``,
-  ``WordPenalty``, ``total`` for Joshua; ...). A feature that a hypothesis lacks is 0: Moses lists are sparse
-  (Joshua writes ``OOVPenalty`` only when it is not 0);
+  ``WordPenalty``, ``total`` for Joshua; ...). Every hypothesis must have it: a missing score is an error, never a
+  silent 0.0 (the best log score there is). Readers fill in what a format defines (Moses lists are sparse: a left-out
+  feature is 0) or what ``--feature-default NAME=VALUE`` asks for (``rescoring.nbest.checks``);
 - ``neural``: the neural LM's log-probability of the sentence (natural log, words and ``</s>``);
 - ``ngram``: the n-gram's, on the same tokens;
 - ``interp``: per-word linear interpolation, Σ log(λ·p_neural + (1 − λ)·p_ngram) with the one weight λ;
@@ -59,8 +60,10 @@ def check_features(
     lam: float | None,
     have_lm_scores: bool,
 ) -> None:
-    """Fail early, before any model runs, on a name nothing provides or an LM feature without its LM."""
+    """Fail early, before any model runs, on a name nothing provides, a hypothesis without a feature the weights use,
+    or an LM feature without its LM."""
     carried = set().union(*(h.features for entry in nbest for h in entry.hypotheses))  # (no order needed: a set union)
+    used = []
     for name in [*names, *(t for d in definitions.values() for t in d)]:
         if name not in carried and name not in LM_FEATURES and name not in definitions:
             raise ValueError(
@@ -69,6 +72,16 @@ def check_features(
             )
         if name in NEEDS_LM and not have_lm_scores:
             raise ValueError(f"feature {name!r} needs LM scores (a neural LM bundle and/or an n-gram)")
+        if name in carried and name not in definitions:
+            used.append(name)
+    for i, entry in enumerate(nbest):
+        for k, hyp in enumerate(entry.hypotheses):
+            if missing := [name for name in used if name not in hyp.features]:
+                where = hyp.origin or f"{nbest.name or 'lists'}[{i}] (id {entry.id!r}).hypotheses[{k}]"
+                raise ValueError(
+                    f"{where}: no feature {missing[0]!r}, which the weights use and other hypotheses have; "
+                    f"expected every hypothesis to carry it (lm-rescore: --feature-default {missing[0]}=VALUE)"
+                )
     if ("interp" in names or any("interp" in d for d in definitions.values())) and lam is None:
         raise ValueError("feature 'interp' needs the interpolation weight λ")
 
@@ -130,7 +143,7 @@ class _Columns:
             return np.array([len(h.text.split()) for h in self.hypotheses], dtype=np.float64)
         if name == "oov":
             return np.array([s.oov for s in self.scores], dtype=np.float64)
-        return np.array([h.features.get(name, 0.0) for h in self.hypotheses], dtype=np.float64)
+        return np.array([h.features[name] for h in self.hypotheses], dtype=np.float64)  # check_features: all have it
 
     def _tokens(self, name: str) -> tuple[np.ndarray | None, np.ndarray]:
         """Every hypothesis' token scores under one LM, concatenated (None without that LM), and their counts."""

@@ -45,7 +45,7 @@ ROUND_TRIPS = {  # format -> what that format holds
 }
 ROUND_TRIPS["jsonl"].entries[0].source = "die katze sass"
 ROUND_TRIPS["jsonl"].entries[1].hypotheses[0].rank = None
-ROUND_TRIPS["jsonl"].entries[1].hypotheses[1].features["lm"] = -math.inf
+ROUND_TRIPS["jsonl"].entries[1].hypotheses[1].features["lm"] = -1.7e308  # finite: ±inf is refused
 for hyp in (h for e in ROUND_TRIPS["srilm"] for h in e.hypotheses):
     hyp.features["num_words"] = float(len(hyp.text.split()))
 
@@ -147,7 +147,7 @@ def test_espnet_writer_removes_ranks_of_an_earlier_dump(tmp_path):
     [
         (
             '1272-128104-0001 {"decoder": "tensor(abc)"}',
-            "field 2 (scores), key 'decoder': expected a number, got 'abc'",
+            "field 2 (scores), key 'decoder': expected a finite number, got 'abc'",
         ),
         ("1272-128104-0001 [1, 2]", "field 2 (scores): expected a JSON object of scores"),
         ('1272-128104-9999 {"lm": "tensor(-1)"}', "field 1 (utterance id): expected '1272-128104-0001' (line 2 of"),
@@ -201,7 +201,7 @@ def test_hyporadise_reads_entries_by_index(tmp_path):
     ("item", "expected"),
     [
         ({"input": ["a", "b", "c"], "score": [-1, -2]}, "dev.json: entry 1: field 'score': expected 3 numbers, got 2"),
-        ({"input": ["a"], "score": ["x"]}, "dev.json: entry 1: field 'score[0]': expected a number, got 'x'"),
+        ({"input": ["a"], "score": ["x"]}, "dev.json: entry 1: field 'score[0]': expected a finite number, got 'x'"),
         ({"input": "a"}, "dev.json: entry 1: field 'input': expected a list of hypothesis strings"),
         ({"input": ["a"], "output": 3}, "dev.json: entry 1: field 'output': expected the reference string"),
         ([1], "dev.json: entry 1: expected an object with 'input'"),
@@ -269,8 +269,10 @@ def test_moses_dense_features(tmp_path):
         "tm_0": -1.0,
         "tm_1": -2.5,
         "total": -3.25,
+        "Distortion0_0": 0.0,  # sparse: what a line leaves out is 0
+        "LM0_0": 0.0,
     }
-    assert second.features == {"Distortion0_0": 0.0, "LM0_0": -16.0, "total": -4.0}
+    assert second.features == dict.fromkeys(first.features, 0.0) | {"LM0_0": -16.0, "total": -4.0}
 
 
 @pytest.mark.parametrize(
@@ -278,9 +280,9 @@ def test_moses_dense_features(tmp_path):
     [
         ("0 ||| a ||| lm_0=abc ||| -1", "kbest:2: field 3 (features): 'lm_0=abc' is not name=number"),
         ("0 ||| a ||| -1.5 lm_0=-2 ||| -1", "kbest:2: field 3 (features): '-1.5' is neither name=number"),
-        ("0 ||| a ||| tm: -1 x ||| -1", "kbest:2: field 3 (features), value 1 of 'tm': expected a number, got 'x'"),
+        ("0 ||| a ||| tm: -1 x ||| -1", "kbest:2: field 3 (features), value 1 of 'tm': expected a finite number, got 'x'"),
         ("0 ||| a ||| =3 ||| -1", "kbest:2: field 3 (features): '=3' has no feature name"),
-        ("0 ||| a ||| lm_0=-2 ||| high", "kbest:2: field 4 (total): expected a number, got 'high'"),
+        ("0 ||| a ||| lm_0=-2 ||| high", "kbest:2: field 4 (total): expected a finite number, got 'high'"),
         ("zero ||| a ||| lm_0=-2 ||| -1", "kbest:2: field 1 (id): expected a sentence number, got 'zero'"),
         ("0 ||| a", "kbest:2: expected 'id ||| hypothesis ||| features ||| total', got 2 field(s)"),
     ],
@@ -337,7 +339,7 @@ def test_kaldi_reads_costs_ranks_and_references(tmp_path):
 @pytest.mark.parametrize(
     ("ac_cost", "expected"),
     [
-        ("utt1-1 120.5\nutt1-2 cheap\nutt2-1 40\n", "ac_cost:2: field 2 (cost): expected a number, got 'cheap'"),
+        ("utt1-1 120.5\nutt1-2 cheap\nutt2-1 40\n", "ac_cost:2: field 2 (cost): expected a finite number, got 'cheap'"),
         ("utt1-1 120.5\nutt1-2 1\nutt3-1 40\n", "ac_cost:3: field 1 (key): 'utt3-1' is not a hypothesis in"),
         ("utt1-1 120.5\nutt1-2 1\n", "text:3: field 1 (key): 'utt2-1' has no line in"),
     ],
@@ -393,15 +395,15 @@ def test_srilm_three_variants(tmp_path):
             "-1 -2 x a b\n",
             "u.score:1: field 3 (number of words): expected '<acoustic> <lm> <num-words> words...', got 'x'",
         ),
-        ("-1 low 1 a\n", "u.score:1: field 2 (LM score): expected a number, got 'low'"),
-        ("NBestList1.0\n(-1) a\n(abc) b\n", "u.score:3: field 1 (score): expected a number, got 'abc'"),
+        ("-1 low 1 a\n", "u.score:1: field 2 (LM score): expected a finite number, got 'low'"),
+        ("NBestList1.0\n(-1) a\n(abc) b\n", "u.score:3: field 1 (score): expected a finite number, got 'abc'"),
         (
             "NBestList2.0\n(-1) a ( st: 0 et: 1 g: 0 a: 0\n",
             "u.score:2: field 2 (info of 'a'): expected 'a ( st: <start>",
         ),
         (
             "NBestList2.0\n(-1) a ( st: 0 et: 1 g: x a: 0 )\n",
-            "u.score:2: field 2 (info of 'a') 'g:': expected a number, got 'x'",
+            "u.score:2: field 2 (info of 'a') 'g:': expected a finite number, got 'x'",
         ),
     ],
 )
@@ -426,7 +428,7 @@ def test_srilm_writer_needs_acoustic_and_lm(tmp_path):
         ('{"id": 3, "hypotheses": []}', "l.jsonl:2: field 'id': expected a string, got 3"),
         (
             '{"id": "a", "hypotheses": [{"text": "x", "features": {"lm": "bad"}}]}',
-            "l.jsonl:2: field 'hypotheses[0].features.lm': expected a number",
+            "l.jsonl:2: field 'hypotheses[0].features.lm': expected a finite number",
         ),
         (
             '{"id": "a", "hypotheses": [{"txt": "x"}]}',

@@ -53,10 +53,13 @@ def test_definitions_parse_and_errors_name_the_problem():
             parse_definition(bad)
 
 
-def test_features_from_lists_definitions_and_sparse_lists():
+def test_features_from_lists_definitions_and_a_missing_feature_is_an_error():
     nbest = NBestList([NBestEntry("u", [Hypothesis("a b", {"d": 1.0, "c": 2.0}), Hypothesis("a", {"d": 3.0})])])
-    (x,) = feature_matrices(nbest, ["am", "length", "c"], definitions={"am": {"d": 0.5, "c": 2.0}})
-    np.testing.assert_allclose(x, [[4.5, 2, 2.0], [1.5, 1, 0.0]])
+    (x,) = feature_matrices(nbest, ["am", "length"], definitions={"am": {"d": 0.5}})
+    np.testing.assert_allclose(x, [[0.5, 2], [1.5, 1]])
+    for names, definitions in ((["length", "c"], {}), (["am"], {"am": {"d": 0.5, "c": 2.0}})):
+        with pytest.raises(ValueError, match=r"lists\[0\] \(id 'u'\).hypotheses\[1\]: no feature 'c'"):
+            feature_matrices(nbest, names, definitions=definitions)  # never a silent 0.0
     with pytest.raises(ValueError, match="unknown feature 'nope'.*carries"):
         feature_matrices(nbest, ["nope"])
     with pytest.raises(ValueError, match="needs LM scores"):

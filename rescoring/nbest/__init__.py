@@ -12,16 +12,21 @@ references a format carries itself: line i goes with entry i (Moses: with senten
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import gzip
+import tarfile
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rescoring.nbest import espnet, hyporadise, jsonl, kaldi, moses, srilm
+from rescoring.nbest.checks import MAX_WORDS, check_list
 from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from rescoring.nbest.parsing import NBestFormatError
 
 __all__ = [
     "FORMATS",
+    "MAX_WORDS",
     "Hypothesis",
     "NBestEntry",
     "NBestFormat",
@@ -63,13 +68,30 @@ def lookup(format: str) -> NBestFormat:
     return FORMATS[format]
 
 
+# what a damaged file raises from the libraries the readers use (a truncated gzip stream or tarball, a JSON document
+# nested too deeply): turned into an error that names the file
+DAMAGED = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, RecursionError, NotADirectoryError)
+
+
 def read_nbest(
-    path: str | Path, format: str | None = None, references: str | Path | Sequence[str | Path] | None = None
+    path: str | Path,
+    format: str | None = None,
+    references: str | Path | Sequence[str | Path] | None = None,
+    *,
+    feature_defaults: Mapping[str, float] | None = None,
+    max_words: int = MAX_WORDS,
 ) -> NBestList:
+    """Read and check (``checks.check_list``: ``feature_defaults`` fill in features a hypothesis lacks)."""
     path = Path(path)
     if isinstance(references, str | Path):
         references = [references]
-    return lookup(format or detect_format(path)).read(path, [Path(r) for r in references or []] or None)
+    format = format or detect_format(path)
+    try:
+        nbest = lookup(format).read(path, [Path(r) for r in references or []] or None)
+    except DAMAGED as e:
+        raise NBestFormatError(path, f"cannot be read as a {format} list: {type(e).__name__}: {e}") from None
+    check_list(nbest, feature_defaults, max_words)
+    return nbest
 
 
 def write_nbest(nbest: NBestList, path: str | Path, format: str) -> None:

@@ -123,7 +123,7 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
     if len(set(ids)) != len(ids):
         lineno = next(i for i, key in enumerate(ids, 1) if key in ids[: i - 1])
         raise NBestFormatError(name, f"utterance {ids[lineno - 1]!r} appears twice", lineno, field="1 (utterance id)")
-    entries = [NBestEntry(key, []) for key in ids]
+    entries = [NBestEntry(key, [], origin=f"{name}:{lineno}") for lineno, key in enumerate(ids, 1)]
     for rank in ranks:
         folder = f"raw_hypotheses/{rank}best_recog"
         features: list[dict[str, float]] = [{} for _ in ids]
@@ -135,9 +135,9 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
             name, values = read_column(files, f"{folder}/scores", ids)
             for lineno, (value, feats) in enumerate(zip(values, features, strict=True), 1):
                 feats.update(parse_scores(value, name, lineno))
-        _, texts = read_column(files, f"{folder}/text", ids)
-        for entry, hyp_text, feats in zip(entries, texts, features, strict=True):
-            entry.hypotheses.append(Hypothesis(hyp_text, feats, rank))
+        name, texts = read_column(files, f"{folder}/text", ids)
+        for lineno, (entry, hyp_text, feats) in enumerate(zip(entries, texts, features, strict=True), 1):
+            entry.hypotheses.append(Hypothesis(hyp_text, feats, rank, f"{name}:{lineno}"))
     if references:
         attach_references(entries, references)
     elif TRN in files:

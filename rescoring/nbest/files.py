@@ -1,4 +1,4 @@
-"""Reading text (gzipped or not), writing it so that a crash never leaves half a file, and reference files."""
+"""Reading text (gzipped or not), writing folders so that a crash never leaves half of one, and reference files."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gzip
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from rescoring.atomic import atomic_write_text
+from rescoring.atomic import replacing_folder
 from rescoring.nbest.model import NBestEntry
 from rescoring.nbest.parsing import NBestFormatError, split_lines
 
@@ -35,13 +35,21 @@ def first_line(path: Path) -> str:
 
 
 def write_folder(path: Path, contents: dict[str, str], layout: Iterable[str]) -> None:
-    """Write a folder format's files (each atomically), then remove the files of the ``layout`` that this write
-    did not produce, left by an earlier write, so that reading the folder back gives what was written."""
-    for name, text in contents.items():
-        atomic_write_text(path / name, text)
-    for name in layout:
-        if name not in contents:
-            (path / name).unlink(missing_ok=True)
+    """Write a folder format's files into a new folder that replaces ``path`` whole (``rescoring.atomic``), so that
+    the folder is complete or absent and reading it back gives what was written. A folder already at ``path`` is
+    replaced only when it holds nothing but files of the format's ``layout`` (an earlier output): anything else there
+    is somebody's, and the write is refused."""
+    allowed = set(layout)
+    files = sorted(f.relative_to(path).as_posix() for f in path.rglob("*") if not f.is_dir()) if path.is_dir() else []
+    if foreign := [name for name in files if name not in allowed]:
+        raise ValueError(
+            f"{path}: holds {foreign[0]!r}, which is not part of this list format's layout; refusing to replace the "
+            "folder (write elsewhere, or remove it)"
+        )
+    with replacing_folder(path) as tmp:
+        for name, text in contents.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(text, encoding="utf-8", newline="\n")
 
 
 def read_references(paths: Sequence[Path]) -> list[list[str]]:

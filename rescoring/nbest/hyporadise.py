@@ -46,7 +46,7 @@ def read_entry(item: object, path: Path, i: int) -> NBestEntry:
         raise NBestFormatError(
             path, f"expected a list of hypothesis strings, got {texts!r:.80}", entry=i, field="'input'"
         )
-    hyps = [Hypothesis(text, {}, rank) for rank, text in enumerate(texts, 1)]
+    hyps = [Hypothesis(text, {}, rank, f"{path}: entry {i}: field 'input[{rank - 1}]'") for rank, text in enumerate(texts, 1)]
     if "score" in item:
         scores = item["score"]
         if not isinstance(scores, list) or len(scores) != len(texts):
@@ -57,7 +57,7 @@ def read_entry(item: object, path: Path, i: int) -> NBestEntry:
     output = item.get("output")
     if output is not None and not isinstance(output, str):
         raise NBestFormatError(path, f"expected the reference string, got {output!r:.80}", entry=i, field="'output'")
-    return NBestEntry(str(i), hyps, [] if output is None else [output])
+    return NBestEntry(str(i), hyps, [] if output is None else [output], origin=f"{path}: entry {i}")
 
 
 def write(nbest: NBestList, path: Path) -> None:
@@ -73,4 +73,4 @@ def write(nbest: NBestList, path: Path) -> None:
         if entry.hypotheses and all("score" in hyp.features for hyp in entry.hypotheses):
             item["score"] = [hyp.features["score"] for hyp in entry.hypotheses]
         items.append(item)
-    atomic_write_text(path, json.dumps(items, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(items, indent=2, ensure_ascii=False, allow_nan=False) + "\n")

@@ -55,11 +55,11 @@ def read_entry(item: object, path: Path, lineno: int) -> NBestEntry:
         expect(isinstance(features, dict), f"'{field}.features'", "an object of numbers", features)
         expect(rank is None or type(rank) is int, f"'{field}.rank'", "an integer", rank)
         values = {name: json_number(v, path, lineno, f"'{field}.features.{name}'") for name, v in features.items()}
-        hypotheses.append(Hypothesis(hyp["text"], values, rank))
+        hypotheses.append(Hypothesis(hyp["text"], values, rank, f"{path}:{lineno}: field '{field}'"))
     refs, source = item.get("references", []), item.get("source")
     expect(isinstance(refs, list) and all(isinstance(r, str) for r in refs), "'references'", "a list of strings", refs)
     expect(source is None or isinstance(source, str), "'source'", "a string", source)
-    return NBestEntry(entry_id, hypotheses, refs, source)
+    return NBestEntry(entry_id, hypotheses, refs, source, f"{path}:{lineno}")
 
 
 def write(nbest: NBestList, path: Path) -> None:
@@ -72,5 +72,5 @@ def write(nbest: NBestList, path: Path) -> None:
         item = {"id": entry.id, "hypotheses": hyps, "references": entry.references}
         if entry.source is not None:
             item["source"] = entry.source
-        lines.append(json.dumps(item, ensure_ascii=False) + "\n")
+        lines.append(json.dumps(item, ensure_ascii=False, allow_nan=False) + "\n")
     atomic_write_text(path, "".join(lines))

@@ -38,15 +38,15 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
     text_path = path / "text"
     for lineno, key, words in read_table(text_path, "utt-id-rank"):
         utt, _, rank = key.rpartition("-")
-        if not utt or not rank.isdigit():
+        if not utt or not rank.isascii() or not rank.isdigit():
             raise NBestFormatError(text_path, f"expected '<utt-id>-<rank>', got {key!r}", lineno, field="1 (key)")
         if key in by_key:
             raise NBestFormatError(
                 text_path, f"{key!r} appears twice (first on line {by_key[key][0]})", lineno, field="1 (key)"
             )
-        hyp = Hypothesis(words, {}, int(rank))
+        hyp = Hypothesis(words, {}, int(rank), f"{text_path}:{lineno}")
         by_key[key] = lineno, hyp
-        entries.setdefault(utt, NBestEntry(utt, [])).hypotheses.append(hyp)
+        entries.setdefault(utt, NBestEntry(utt, [], origin=f"{text_path}:{lineno}")).hypotheses.append(hyp)
     for cost in COSTS:
         cost_path = path / cost
         if not cost_path.is_file():

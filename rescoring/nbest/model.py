@@ -16,6 +16,7 @@ class Hypothesis:
     text: str  # words separated by single spaces as given; may be "" (decoders do emit empty hypotheses)
     features: dict[str, float] = field(default_factory=dict)
     rank: int | None = None  # 1-based position in the decoder's list, where the format says so
+    origin: str | None = field(default=None, compare=False, repr=False)  # "file:line: field ..." it was read from
 
 
 @dataclass
@@ -26,6 +27,7 @@ class NBestEntry:
     hypotheses: list[Hypothesis]
     references: list[str] = field(default_factory=list)  # 0..n: ASR sets have one, the Joshua MT set four
     source: str | None = None  # the source sentence, for MT
+    origin: str | None = field(default=None, compare=False, repr=False)  # "file:line" it was read from
 
 
 @dataclass

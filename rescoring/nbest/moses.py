@@ -2,7 +2,9 @@
 
 Features are read in both styles decoders write: sparse ``name=value`` (Joshua, newer Moses: ``lm_0=-27.184``) and
 dense ``name= v1 v2 ...`` or ``name: v1 v2 ...`` (older Moses), whose values become ``name_0``, ``name_1``, ...
-The fourth field becomes the feature ``total``; further fields (Moses' word alignments) are ignored. The lines of a
+The fourth field becomes the feature ``total``; further fields (Moses' word alignments) are ignored. Lists are sparse
+(Joshua writes ``OOVPenalty`` only where it is not 0): a feature that some lines have and a line leaves out is 0 there,
+as the decoder meant it, and is read as 0. The lines of a
 sentence are together, best first. References come from separate files (``references=``): line i of each file is a
 reference for sentence id i, as with Joshua's ``reference.en.0`` .. ``reference.en.3``.
 """
@@ -79,9 +81,14 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
                     field="1 (id)",
                 )
             seen.add(sentence)
-            entries.append(NBestEntry(str(sentence), []))
+            entries.append(NBestEntry(str(sentence), [], origin=f"{path}:{lineno}"))
         hyps = entries[-1].hypotheses
-        hyps.append(Hypothesis(fields[1], features, len(hyps) + 1))
+        hyps.append(Hypothesis(fields[1], features, len(hyps) + 1, f"{path}:{lineno}"))
+    names = dict.fromkeys(name for entry in entries for hyp in entry.hypotheses for name in hyp.features)
+    for entry in entries:  # sparse by definition: a feature a line leaves out is 0 there
+        for hyp in entry.hypotheses:
+            if len(hyp.features) != len(names):
+                hyp.features = {name: hyp.features.get(name, 0.0) for name in names}
     if references:
         attach_references(entries, references, line_of=lambda i, entry: int(entry.id))
     return NBestList(entries, str(path))

@@ -31,25 +31,27 @@ def split_lines(text: str) -> list[str]:
 
 
 def to_number(text: str) -> float | None:
-    """The float ``text`` spells, None if it spells none or NaN (a NaN feature would poison every weighted sum)."""
+    """The float ``text`` spells, None if it spells none or a non-finite one: a NaN feature would poison every
+    weighted sum, and +inf would win its list whatever the other features say (and is not JSON)."""
     try:
         value = float(text)
     except ValueError:
         return None
-    return None if math.isnan(value) else value
+    return value if math.isfinite(value) else None
 
 
 def parse_number(text: str, path: object, line: int | None, field: str, entry: int | None = None) -> float:
     value = to_number(text)
     if value is None:
-        raise NBestFormatError(path, f"expected a number, got {text!r}", line, entry, field)
+        raise NBestFormatError(path, f"expected a finite number, got {text!r}", line, entry, field)
     return value
 
 
 def json_number(value: object, path: object, line: int | None, field: str, entry: int | None = None) -> float:
-    """A number from parsed JSON: not a string, not a bool (JSON's true is no score), not NaN."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise NBestFormatError(path, f"expected a number, got {value!r}", line, entry, field)
+    """A number from parsed JSON: not a string, not a bool (JSON's true is no score), finite (Python's json reads
+    NaN, Infinity and 1e999)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise NBestFormatError(path, f"expected a finite number, got {value!r:.40}", line, entry, field)
     return float(value)
 
 

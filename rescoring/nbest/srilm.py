@@ -37,8 +37,13 @@ def detect(path: Path) -> bool:
     if not path.is_file():
         return False
     line = first_line(path).split()
-    own = len(line) >= 3 and to_number(line[0]) is not None and to_number(line[1]) is not None and line[2].isdigit()
+    own = len(line) >= 3 and to_number(line[0]) is not None and to_number(line[1]) is not None and _count(line[2])
     return own or (bool(line) and line[0] in HEADERS)
+
+
+def _count(token: str) -> bool:
+    """A word count: ASCII digits only (``str.isdigit`` takes '²', which ``float`` does not)."""
+    return token.isascii() and token.isdigit()
 
 
 def nbest_files(folder: Path) -> list[Path]:
@@ -63,13 +68,13 @@ def read_file(path: Path) -> NBestEntry:
     for lineno, line in enumerate(lines[1:] if version else lines, 2 if version else 1):
         if line.strip():
             hyps.append(parse_hypothesis(line.split(), version, path, lineno))
-            hyps[-1].rank = len(hyps)
-    return NBestEntry(entry_id(path), hyps)
+            hyps[-1].rank, hyps[-1].origin = len(hyps), f"{path}:{lineno}"
+    return NBestEntry(entry_id(path), hyps, origin=str(path))
 
 
 def parse_hypothesis(tokens: list[str], version: int, path: Path, lineno: int) -> Hypothesis:
     if version == 0 and not tokens[0].startswith("("):
-        if len(tokens) < 3 or not tokens[2].isdigit():
+        if len(tokens) < 3 or not _count(tokens[2]):
             field, got = ("3 (number of words)", tokens[2]) if len(tokens) >= 3 else ("3", "an end of line")
             raise NBestFormatError(
                 path, f"expected '<acoustic> <lm> <num-words> words...', got {got!r}", lineno, field=field
