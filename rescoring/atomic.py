@@ -21,6 +21,24 @@ from pathlib import Path
 from typing import TextIO
 
 
+def check_writable(path: str | Path, what: str, folder: bool = False) -> None:
+    """Fail now, not after hours of work, when ``path`` cannot become an output: a file (or, ``folder``, a folder)
+    below an existing file, over a folder (a file), over a file (a folder), or in a folder we may not write to.
+    ``what`` names the flag in the message."""
+    path = Path(path)
+    if path.is_dir() and not folder:
+        raise IsADirectoryError(f"{what} {path}: is a folder; expected a file name")
+    if path.exists() and not path.is_dir() and folder:
+        raise NotADirectoryError(
+            f"{what} {path}: is a file; this output is a folder (remove it or choose another name)"
+        )
+    parent = next(p for p in path.absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise NotADirectoryError(f"{what} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} {path}: cannot write in {parent}")
+
+
 def _temporary_name(path: Path) -> dict[str, str]:
     return {"dir": str(path.parent), "prefix": f".{path.name}.{os.getpid()}.", "suffix": ".tmp"}
 

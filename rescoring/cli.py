@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rescoring import rescore_cli
-from rescoring.bundle import Bundle, BundleError
+from rescoring.bundle import Bundle
+from rescoring.command import add_common_arguments, run_command
 from rescoring.lmscores import ngram_view
 from rescoring.ngram import LN10, NgramError, NgramLM, build_ngram
 from rescoring.textnorm import PRESETS, TextNormalizer
@@ -61,7 +62,7 @@ def _tokenised(paths: list[str], view: Callable[[str], list[str]]) -> Iterator[l
 def _score(args) -> int:
     from rescoring.scorer import Scorer
 
-    scorer = Scorer(args.lm, threads=args.threads)
+    scorer = Scorer(args.lm, threads=args.threads, normalizer=PRESETS[args.normalize] if args.normalize else None)
     if args.input == "-":
         sentences = read_lines(sys.stdin.buffer, "<stdin>")
     else:
@@ -142,6 +143,7 @@ def _text_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lm-rescore", description=__doc__)
+    add_common_arguments(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     score = sub.add_parser("score", help="one score per input line: the sentence's log-probability under the LM")
     score.add_argument("--lm", required=True, help="model bundle directory (lm-train export)")
@@ -150,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--log10", action="store_true", help="scores in log10 instead of natural log")
     score.add_argument("--format", choices=("text", "jsonl"), default="text")
     score.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    score.add_argument(
+        "--normalize",
+        choices=sorted(PRESETS),
+        help="text normalisation preset (default: the bundle's own text settings), as lm-serve's models.NAME.normalize",
+    )
     score.set_defaults(func=_score)
 
     ngram = sub.add_parser("ngram", help="KenLM n-gram models: build with lmplz (`make kenlm`), query").add_subparsers(
@@ -176,12 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Errors, Ctrl-C and SIGTERM end in one line on stderr (``rescoring.command``; OSError: files, and lm-serve
+    with --server); ``LMSERVE_DEBUG=1`` or ``--debug`` shows the traceback."""
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (BundleError, NgramError, ValueError, OSError) as e:  # OSError: files, and lm-serve with --server
-        print(f"lm-rescore: error: {e}", file=sys.stderr)
-        return 2
+    return run_command("lm-rescore", lambda: args.func(args), args.debug, user_errors=(NgramError,))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@
 ``tune`` reads only the dev list (and the models); ``nbest`` applies the weights file, which names the models,
 normalisation, definitions and λ it was tuned with, to any other list.
 
+Both check everything they were given before a model runs: the flags, the list (``rescoring.nbest.checks``) and its
+references, the features the weights use, and that every output can be written. Outputs appear complete or not at
+all (``rescoring.atomic``).
+
 With ``--server HOST:PORT`` (and ``--server-model NAME``) both take their LM scores from a running ``lm-serve``
 instead of loading models: ``server.remote``, imported only then, is the one path from ``rescoring`` into
 ``server/`` (DESIGN.md), so the engine never needs gRPC.
@@ -20,10 +24,22 @@ import sys
 import time
 from pathlib import Path
 
-from rescoring.atomic import atomic_write_text
+from rescoring.atomic import atomic_write_text, check_writable
 from rescoring.features import check_features
-from rescoring.nbest import FORMATS, detect_format, read_nbest, write_nbest
-from rescoring.rescore import LanguageModels, Setup, format_report, report, reranked, setup_from_record, setup_record
+from rescoring.lmscores import check_lambda
+from rescoring.nbest import FOLDER_FORMATS, FORMATS, MAX_WORDS, NBestList, output_format, read_nbest, write_nbest
+from rescoring.nbest.checks import parse_defaults
+from rescoring.ngram import NgramError
+from rescoring.rescore import (
+    LanguageModels,
+    Setup,
+    format_report,
+    references_of,
+    report,
+    reranked,
+    setup_from_record,
+    setup_record,
+)
 from rescoring.rescore import tune as tune_setup
 from rescoring.textnorm import PRESETS
 from rescoring.tune import METHODS, read_weights, write_weights
@@ -50,7 +66,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _model_arguments(nbest, from_weights=True)
     nbest.add_argument("--weights", required=True, type=Path, help="weights file written by lm-rescore tune")
     nbest.add_argument("--out", required=True, type=Path, help="reranked list to write")
-    nbest.add_argument("--out-format", choices=sorted(FORMATS), help="default: the input's format")
+    nbest.add_argument(
+        "--out-format", choices=sorted(FORMATS), help="default: the one --out's name says (.jsonl, .json: hyporadise)"
+    )
     nbest.add_argument("--report", type=Path, help="JSON report to write (metrics need references)")
     nbest.add_argument("--no-metrics", action="store_true", help="lists without references: only rerank")
     nbest.set_defaults(func=run_nbest)
@@ -65,6 +83,19 @@ def _list_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--feature-default",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the value of feature NAME for hypotheses that lack it (default: such a hypothesis is an error)",
+    )
+    parser.add_argument(
+        "--max-words",
+        type=int,
+        default=MAX_WORDS,
+        help="longest hypothesis, in words (default: %(default)s, as lm-serve's limits.max_words)",
+    )
 
 
 def _model_arguments(parser: argparse.ArgumentParser, from_weights: bool = False) -> None:
@@ -77,17 +108,37 @@ def _model_arguments(parser: argparse.ArgumentParser, from_weights: bool = False
     parser.add_argument("--server-ca", type=Path, help="PEM file of the CA of a TLS server (implies TLS)")
 
 
-def _language_models(args, saved: dict):
+def _models_given(args, saved: dict) -> bool:
+    """Whether LM scores will be there: a model on the command line or in the weights file, or a server."""
+    return any(getattr(args, name) or saved.get(name) for name in ("lm", "ngram", "server"))
+
+
+def _check_saved_models(args, saved: dict, weights: Path | None) -> None:
+    """The models a weights file names (where the command line does not override them) must exist."""
+    for name in ("lm", "ngram"):
+        path = saved.get(name)
+        if path and not getattr(args, name) and not args.server and not Path(path).exists():
+            raise FileNotFoundError(
+                f"{weights}: field 'setup.{name}': {path}: no such file or folder (or give --{name})"
+            )
+
+
+def _language_models(args, saved: dict, weights: Path | None = None):
     """Models loaded here, or a running lm-serve's (``--server``, or the server the weights were tuned with)."""
     local = [name for name in ("lm", "ngram", "normalize") if getattr(args, name)]
     server = args.server or (None if local else saved.get("server"))
     if server is None:
-        return LanguageModels.load(
-            args.lm or saved.get("lm"),
-            args.ngram or saved.get("ngram"),
-            args.normalize or saved.get("normalize"),
-            args.threads,
-        )
+        try:
+            return LanguageModels.load(
+                args.lm or saved.get("lm"),
+                args.ngram or saved.get("ngram"),
+                args.normalize or saved.get("normalize"),
+                args.threads,
+            )
+        except (ValueError, OSError, NgramError) as e:
+            if weights is None or (args.lm and args.ngram):
+                raise
+            raise ValueError(f"{weights}: the models it names: {e}") from e
     if local:
         raise ValueError(f"--server scores with the served model's LMs and text settings: leave out --{local[0]}")
     from server.client import LMServeClient
@@ -101,15 +152,42 @@ def _cache_path(args) -> Path:
     return args.cache or args.out.with_name(f"{args.list.name.split('.')[0]}.lmscores.jsonl")
 
 
+def _read_list(args) -> NBestList:
+    if args.max_words < 1:
+        raise ValueError(f"--max-words {args.max_words}: expected at least 1")
+    defaults = parse_defaults(args.feature_default)
+    return read_nbest(args.list, args.format, args.references, feature_defaults=defaults, max_words=args.max_words)
+
+
+def _lambdas(text: str) -> list[float]:
+    try:
+        return [check_lambda(float(x)) for x in text.split(",")]
+    except ValueError as e:
+        raise ValueError(f"--lambdas {text!r}: expected comma-separated numbers in (0, 1) ({e})") from None
+
+
+def _methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",")]
+    if unknown := [m for m in methods if m not in METHODS]:
+        raise ValueError(f"--methods {text!r}: unknown method {unknown[0]!r}; expected some of {', '.join(METHODS)}")
+    return methods
+
+
 def run_tune(args) -> int:
     start = time.perf_counter()
-    nbest = read_nbest(args.list, args.format, args.references)
+    setup = Setup.parse(args.features, args.define)  # every flag, the list and the outputs first: then the models
+    lambdas, methods = _lambdas(args.lambdas), _methods(args.methods)
+    if args.fixed is not None and args.fixed not in setup.features:
+        raise ValueError(f"--fixed {args.fixed!r}: not one of --features {','.join(setup.features)}")
+    check_writable(args.out, "--out")
+    check_writable(_cache_path(args), "--cache")
+    nbest = _read_list(args)
+    if args.cv and not 2 <= args.cv <= len(nbest):
+        raise ValueError(f"--cv {args.cv}: expected 0 (none) or 2 to {len(nbest)} folds (the list's entries)")
+    references_of(nbest, args.metric)
+    check_features(nbest, setup.features, setup.definitions, lambdas[0], _models_given(args, {}))
     models = _language_models(args, {})
-    setup = Setup.parse(args.features, args.define)
-    lambdas = [float(x) for x in args.lambdas.split(",")]
-    check_features(nbest, setup.features, setup.definitions, lambdas[0], models.available)  # before the models run
     lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
-    methods = [m.strip() for m in args.methods.split(",")]
     tuned = tune_setup(
         nbest, setup, lm_scores, args.metric, args.fixed, lambdas, args.cv,
         methods=methods, restarts=args.restarts, seed=args.seed,
@@ -134,14 +212,23 @@ def run_tune(args) -> int:
 
 
 def run_nbest(args) -> int:
-    record = read_weights(args.weights)
+    record = read_weights(args.weights)  # every flag, the list and the outputs first: then the models
     saved = record.get("setup", {})
     setup = setup_from_record(record)
-    nbest = read_nbest(args.list, args.format, args.references)
-    models = _language_models(args, saved)
+    out_format = output_format(args.out, args.out_format)
+    check_writable(args.out, "--out", folder=out_format in FOLDER_FORMATS)
+    check_writable(_cache_path(args), "--cache")
+    if args.report:
+        check_writable(args.report, "--report")
+    _check_saved_models(args, saved, args.weights)
+    nbest = _read_list(args)
+    if not args.no_metrics:
+        references_of(nbest, record["metric"])
+    check_features(nbest, setup.features, setup.definitions, setup.lam, _models_given(args, saved))
+    models = _language_models(args, saved, args.weights)
     lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
     ranked, chosen = reranked(nbest, setup, lm_scores)
-    write_nbest(ranked, args.out, args.out_format or args.format or detect_format(args.list))
+    write_nbest(ranked, args.out, out_format)
     if args.no_metrics:
         print(f"{nbest.name}: {len(nbest)} lists reranked -> {args.out}")
         return 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -41,7 +42,8 @@ from rescoring.atomic import atomic_write_text
 
 METHODS = ("powell", "nelder-mead")
 WEIGHTS_FORMAT = "lmserve-weights"
-WEIGHTS_VERSION = 1
+WEIGHTS_VERSION = 2  # 2: the model paths of "setup" are relative to the weights file (1: to wherever tune ran)
+MODEL_PATHS = ("lm", "ngram")  # the fields of "setup" that name files
 
 
 @dataclass(eq=False)
@@ -324,7 +326,17 @@ def apply_weights(
 def write_weights(path: str | Path, result: TuneResult, setup: Mapping | None = None, **extra) -> None:
     """Save tuned weights as JSON, atomically (a reader never sees half a file). ``setup``: what else a rescoring run
     needs to reproduce the choice (models, definitions, λ: ``rescoring.rescore.setup_record``); ``extra``: more
-    fields for the record (cross-validation results, ...)."""
+    fields for the record (cross-validation results, ...). Model paths are stored relative to the weights file (absolute
+    where there is no such path, e.g. on another drive), so the file works from any directory and moves with them."""
+    path = Path(path)
+    setup = dict(setup or {})
+    for key in MODEL_PATHS:
+        if setup.get(key):
+            model = Path(setup[key]).absolute()
+            try:
+                setup[key] = os.path.relpath(model, path.absolute().parent)
+            except ValueError:
+                setup[key] = str(model)
     record = {
         "format": WEIGHTS_FORMAT,
         "format_version": WEIGHTS_VERSION,
@@ -338,7 +350,7 @@ def write_weights(path: str | Path, result: TuneResult, setup: Mapping | None = 
         "signature": result.signature,
         "spread": result.spread,
         "settings": result.settings,
-        "setup": dict(setup or {}),
+        "setup": setup,
         **extra,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
@@ -346,7 +358,8 @@ def write_weights(path: str | Path, result: TuneResult, setup: Mapping | None = 
 
 
 def read_weights(path: str | Path) -> dict:
-    """Load a weights file, checking the fields a rescoring run relies on."""
+    """Load a weights file, checking the fields a rescoring run relies on; model paths come back usable from here
+    (resolved against the weights file's folder)."""
     path = Path(path)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -354,9 +367,9 @@ def read_weights(path: str | Path) -> dict:
         raise ValueError(f"{path}: cannot read weights JSON: {e}") from e
     if not isinstance(record, dict) or record.get("format") != WEIGHTS_FORMAT:
         raise ValueError(f"{path}: field 'format' must be {WEIGHTS_FORMAT!r}")
-    if record.get("format_version") != WEIGHTS_VERSION:
+    if record.get("format_version") not in (1, WEIGHTS_VERSION):
         raise ValueError(
-            f"{path}: field 'format_version' must be {WEIGHTS_VERSION}, got {record.get('format_version')}"
+            f"{path}: field 'format_version' must be 1 or {WEIGHTS_VERSION}, got {record.get('format_version')}"
         )
     for key in ("features", "weights", "metric", "dev_set", "date"):
         if key not in record:
@@ -369,6 +382,15 @@ def read_weights(path: str | Path) -> dict:
         raise ValueError(f"{path}: field 'weights': not finite numbers for {bad}")
     if record["metric"] not in metrics.METRICS:
         raise ValueError(f"{path}: field 'metric' must be one of {metrics.METRICS}, got {record['metric']!r}")
+    setup = record.get("setup", {})
+    if not isinstance(setup, dict):
+        raise ValueError(f"{path}: field 'setup' must be an object, got {setup!r:.60}")
+    for key in MODEL_PATHS:
+        value = setup.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{path}: field 'setup.{key}' must be a path, got {value!r:.60}")
+        if value and record["format_version"] >= 2:
+            setup[key] = str(path.parent / value)  # (an absolute value stays as it is)
     return record
 
 

@@ -428,7 +428,8 @@ def test_lm_rescore_with_server_scores_as_the_loaded_models_do(server, setup_dir
     assert chosen["remote"] == chosen["local"]
     capsys.readouterr()
 
-    assert rescore_main(["nbest", str(test), *weights, *served, "--ngram", "x.bin", "--out", str(tmp_path / "x")]) == 2
+    args = ["nbest", str(test), *weights, *served, "--ngram", "x.bin", "--out", str(tmp_path / "x.jsonl")]
+    assert rescore_main(args) == 2
     assert "leave out --ngram" in capsys.readouterr().err
     assert (
         rescore_main([*tune_args, "--server", server[0], "--server-model", "nope", "--out", str(tmp_path / "x")]) == 2

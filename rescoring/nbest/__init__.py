@@ -25,6 +25,7 @@ from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from rescoring.nbest.parsing import NBestFormatError
 
 __all__ = [
+    "FOLDER_FORMATS",
     "FORMATS",
     "MAX_WORDS",
     "Hypothesis",
@@ -33,6 +34,7 @@ __all__ = [
     "NBestFormatError",
     "NBestList",
     "detect_format",
+    "output_format",
     "read_nbest",
     "write_nbest",
 ]
@@ -60,6 +62,31 @@ def detect_format(path: str | Path) -> str:
         if fmt.detect(path):
             return name
     raise NBestFormatError(path, f"cannot tell its n-best format; expected one of {', '.join(FORMATS)} (pass format=)")
+
+
+FOLDER_FORMATS = ("espnet", "kaldi", "srilm")  # written as folders (SRILM: one file per entry)
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "hyporadise"}  # file names that say their format
+
+
+def output_format(path: str | Path, format: str | None = None) -> str:
+    """The format to write ``path`` in: the one its name says (``SUFFIX_FORMATS``) or ``format`` (an
+    ``--out-format``), which must agree when both are there; an error when neither is (the input's format is no
+    guide: an ESPnet folder named ``out.jsonl`` is what that gave)."""
+    implied = SUFFIX_FORMATS.get(Path(path).suffix)
+    if format is not None:
+        lookup(format)
+        if implied is not None and implied != format:
+            raise ValueError(
+                f"--out {path}: the name says {implied}, --out-format says {format}; use a name that fits the format"
+            )
+        return format
+    if implied is None:
+        names = ", ".join(f"{suffix} for {name}" for suffix, name in SUFFIX_FORMATS.items())
+        raise ValueError(
+            f"--out {path}: cannot tell the output format from the name ({names}); give --out-format, one of "
+            f"{', '.join(FORMATS)}"
+        )
+    return implied
 
 
 def lookup(format: str) -> NBestFormat:

@@ -52,7 +52,9 @@ def check_list(nbest: NBestList, defaults: Mapping[str, float] | None = None, ma
     for i, entry in enumerate(nbest):
         where = entry.origin or f"{nbest.name}: entry {i}"
         if entry.id in seen:
-            raise NBestFormatError(where, f"id {entry.id!r} appears twice (first at {seen[entry.id]}); expected unique ids")
+            raise NBestFormatError(
+                where, f"id {entry.id!r} appears twice (first at {seen[entry.id]}); expected unique ids"
+            )
         seen[entry.id] = where
         if not entry.hypotheses:
             raise NBestFormatError(where, f"entry {entry.id!r} has no hypotheses; expected at least one")
@@ -62,8 +64,7 @@ def check_list(nbest: NBestList, defaults: Mapping[str, float] | None = None, ma
             if words > max_words:
                 raise NBestFormatError(
                     _place(hyp, where, k),
-                    f"a hypothesis of {words} words; at most {max_words} "
-                    "(--max-words; lm-serve's limits.max_words)"
+                    f"a hypothesis of {words} words; at most {max_words} (--max-words; lm-serve's limits.max_words)",
                 )
             if len(hyp.features) != len(names):
                 for name in names - hyp.features.keys():
@@ -71,7 +72,7 @@ def check_list(nbest: NBestList, defaults: Mapping[str, float] | None = None, ma
                         raise NBestFormatError(
                             _place(hyp, where, k),
                             f"no feature {name!r}, which other hypotheses of its list have; give every "
-                            f"hypothesis one, or a value for where it is missing: --feature-default {name}=VALUE"
+                            f"hypothesis one, or a value for where it is missing: --feature-default {name}=VALUE",
                         )
                     hyp.features[name] = defaults[name]
             if not all(map(math.isfinite, hyp.features.values())):

@@ -46,7 +46,10 @@ def read_entry(item: object, path: Path, i: int) -> NBestEntry:
         raise NBestFormatError(
             path, f"expected a list of hypothesis strings, got {texts!r:.80}", entry=i, field="'input'"
         )
-    hyps = [Hypothesis(text, {}, rank, f"{path}: entry {i}: field 'input[{rank - 1}]'") for rank, text in enumerate(texts, 1)]
+    hyps = [
+        Hypothesis(text, {}, rank, f"{path}: entry {i}: field 'input[{rank - 1}]'")
+        for rank, text in enumerate(texts, 1)
+    ]
     if "score" in item:
         scores = item["score"]
         if not isinstance(scores, list) or len(scores) != len(texts):

@@ -1,0 +1,81 @@
+"""What the command lines (``lm-rescore``, ``lm-serve``) share: ``--version``, ``--debug``, and how they end: one line
+on stderr for anything a user can fix, never a traceback.
+
+- a bad file, flag or model (``ValueError`` and its kin ``BundleError``, ``NBestFormatError``, ``ConfigError``;
+  ``OSError``): ``PROG: error: MESSAGE``, exit 2;
+- Ctrl-C: ``PROG: interrupted``, exit 130; SIGTERM: ``PROG: terminated``, exit 143. SIGTERM is turned into an
+  exception first, so that, as with Ctrl-C, every temporary file and folder is removed on the way out
+  (``rescoring.atomic``);
+- anything else is a bug: one line that says so, exit 1.
+
+``LMSERVE_DEBUG=1`` in the environment (or ``--debug``) shows the traceback of each instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+DEBUG_ENV = "LMSERVE_DEBUG"
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a BaseException, like KeyboardInterrupt, so that ``except Exception`` does not swallow it)."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--version`` and ``--debug`` (tracebacks instead of one-line errors, as ``LMSERVE_DEBUG=1``)."""
+    try:
+        version = importlib.metadata.version("lmserve")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        version = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"%(prog)s (lmserve) {version}")
+    parser.add_argument("--debug", action="store_true", help=f"show tracebacks (also: {DEBUG_ENV}=1)")
+
+
+def debugging(flag: bool = False) -> bool:
+    return flag or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def run_command(prog: str, func: Callable[[], int], debug: bool = False, user_errors: tuple = ()) -> int:
+    """``func()``'s exit status, or the status of how it failed (module docstring). ``user_errors``: more exception
+    types whose message is meant for the user."""
+    main_thread = threading.current_thread() is threading.main_thread()  # (signal handlers: the main thread's only)
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        return func()
+    except (ValueError, OSError, *user_errors) as e:
+        if debugging(debug):
+            raise
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debugging(debug):
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        if debugging(debug):
+            raise
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 143
+    except Exception as e:
+        if debugging(debug):
+            raise
+        print(
+            f"{prog}: internal error: {type(e).__name__}: {e} (a bug: {DEBUG_ENV}=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
