@@ -87,13 +87,20 @@ def _score(args) -> int:
         else:
             out.write(f"{total:.6f}\n")
     tokens = sum(len(s.token_logprobs) for s in scores)
-    kind = "log-probabilities" if scorer.normalised else "self-normalised scores"
+    kind = SCORE_KINDS[scorer.normalisation]
     print(
         f"lm-rescore: {len(scores)} sentences, {tokens} tokens, {sum(s.oov for s in scores)} OOV words as <unk>; "
         f"{kind} ({'log10' if args.log10 else 'natural log'}); {tokens / max(elapsed, 1e-9):.0f} tokens/s",
         file=sys.stderr,
     )
     return 0
+
+
+SCORE_KINDS = {
+    "exact": "log-probabilities",
+    "self-normalised": "self-normalised scores",
+    "unnormalised": "unnormalised scores (not log-probabilities)",
+}
 
 
 def _ngram_build(args) -> int:

@@ -63,6 +63,11 @@ class LanguageModels:
     def available(self) -> bool:
         return self.scorer is not None or self.ngram is not None
 
+    @property
+    def normalisation(self) -> str | None:
+        """The neural LM's measured normalisation (``rescoring.bundle``), None without one."""
+        return None if self.scorer is None else self.scorer.normalisation
+
     def scores(self, nbest: NBestList, cache: Path | None = None, progress: bool = False):
         """Per-token scores of every hypothesis (``rescoring.lmscores``), None without models. The rescoring job
         asks nothing else of its LMs, which is what lets ``lm-rescore --server`` put a running lm-serve in their
@@ -89,6 +94,10 @@ class Setup:
             raise ValueError(f"--features: expected comma-separated feature names, got {features!r}")
         return cls(names, dict(parse_definition(d) for d in definitions), lam)
 
+    @property
+    def uses_interp(self) -> bool:
+        return "interp" in self.features or any("interp" in d for d in self.definitions.values())
+
     def matrices(self, nbest: NBestList, lm_scores) -> list[np.ndarray]:
         return feature_matrices(nbest, self.features, lm_scores, self.definitions, self.lam)
 
@@ -102,6 +111,18 @@ class Setup:
     def choose(self, nbest: NBestList, lm_scores) -> np.ndarray:
         """Per utterance the chosen hypothesis (ties to the lower rank)."""
         return metrics.choose(self.combine(self.matrices(nbest, lm_scores)))
+
+
+def check_normalisation(normalisation: str | None, setup: Setup, allow_unnormalised: bool = False) -> None:
+    """Per-word interpolation mixes the neural LM's probabilities with the n-gram's: scores whose held-out log Z is
+    far from 0 (an "unnormalised" bundle) are not probabilities, and the mix would mean nothing. As a log-linear
+    feature (``neural``) such scores are fine, so only ``interp`` is refused, unless the caller insists."""
+    if setup.uses_interp and normalisation == "unnormalised" and not allow_unnormalised:
+        raise ValueError(
+            "feature 'interp' mixes probabilities word by word, but the neural LM's scores are unnormalised (its "
+            "held-out log Z is far from 0; see its manifest): use 'neural' as a feature instead, or pass "
+            "--allow-unnormalised"
+        )
 
 
 # -- evaluation ----------------------------------------------------------------------------------------------------
@@ -141,6 +162,7 @@ class Tuned:
     result: TuneResult  # of the chosen λ
     by_lambda: dict[float | None, float]  # dev metric per λ tried
     cross_validation: dict | None = None
+    data: TuningSet | None = field(default=None, repr=False)  # the dev set at the chosen λ (for plots around it)
 
 
 def tune(
@@ -158,11 +180,10 @@ def tune(
     With ``folds`` > 1 the reported held-out figure comes from k-fold cross-validation (weights tuned without the fold
     they choose for); the returned weights are then tuned on the whole set, for use on other data.
     """
-    uses_interp = "interp" in setup.features or any("interp" in d for d in setup.definitions.values())
     best = None
     by_lambda = {}
     aligned = None  # the metric statistics (jiwer alignments, BLEU counts) do not depend on λ: computed once
-    for lam in lambdas if uses_interp else [None]:
+    for lam in lambdas if setup.uses_interp else [None]:
         trial = Setup(setup.features, setup.definitions, lam)
         if aligned is None:
             data = aligned = tuning_set(nbest, trial, lm_scores, metric)
@@ -190,7 +211,7 @@ def tune(
             "fold_weights": [f.weights for f in cv_result.folds],
             "chosen": cv_result.chosen.tolist(),
         }
-    return Tuned(trial, result, by_lambda, cv)
+    return Tuned(trial, result, by_lambda, cv, data)
 
 
 def report(nbest: NBestList, chosen: Sequence[int], metric: str, bootstrap_samples: int = 1000) -> dict:

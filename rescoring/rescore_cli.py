@@ -24,15 +24,18 @@ import sys
 import time
 from pathlib import Path
 
+from rescoring import overlap
 from rescoring.atomic import atomic_write_text, check_writable
 from rescoring.features import check_features
 from rescoring.lmscores import check_lambda
 from rescoring.nbest import FOLDER_FORMATS, FORMATS, MAX_WORDS, NBestList, output_format, read_nbest, write_nbest
 from rescoring.nbest.checks import parse_defaults
 from rescoring.ngram import NgramError
+from rescoring.overlap import DEFAULT_N, WARN_SHARE
 from rescoring.rescore import (
     LanguageModels,
     Setup,
+    check_normalisation,
     format_report,
     references_of,
     report,
@@ -59,6 +62,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--seed", type=int, default=0)
     tune.add_argument("--cv", type=int, default=0, help="k-fold cross-validation on the dev list (small sets)")
     tune.add_argument("--out", required=True, type=Path, help="weights file (JSON) to write")
+    _report_arguments(tune)
     tune.set_defaults(func=run_tune)
 
     nbest = sub.add_parser("nbest", help="rerank lists with tuned weights; report 1-best, rescored and oracle")
@@ -71,7 +75,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     nbest.add_argument("--report", type=Path, help="JSON report to write (metrics need references)")
     nbest.add_argument("--no-metrics", action="store_true", help="lists without references: only rerank")
+    _report_arguments(nbest)
     nbest.set_defaults(func=run_nbest)
+
+    overlap = sub.add_parser("overlap", help="leakage guard: the share of references that the LM text contains")
+    overlap.add_argument("--text", nargs="+", required=True, type=Path, help="LM training text, plain or .gz")
+    overlap.add_argument("--list", type=Path, help="n-best/k-best list whose references are checked")
+    overlap.add_argument("--format", choices=sorted(FORMATS), help="the list's format (default: detected)")
+    overlap.add_argument("--references", nargs="+", type=Path, help="reference files, one sentence per line")
+    overlap.add_argument("-n", type=int, default=DEFAULT_N, help="window length in words (default: %(default)s)")
+    overlap.add_argument("--normalize", choices=sorted(PRESETS), help="normalise the references first (e.g. ptb)")
+    overlap.add_argument("--normalize-text", choices=sorted(PRESETS), help="normalise the LM text first (slower)")
+    overlap.add_argument("--threshold", type=float, default=WARN_SHARE, help="warn above this share of references")
+    overlap.add_argument("--offenders", type=int, default=10, help="worst references listed (default: %(default)s)")
+    overlap.add_argument("--json", type=Path, help="write the result as JSON")
+    overlap.set_defaults(func=run_overlap)
 
 
 def _list_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +113,16 @@ def _list_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=MAX_WORDS,
         help="longest hypothesis, in words (default: %(default)s, as lm-serve's limits.max_words)",
+    )
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--html", type=Path, help="self-contained HTML error analysis to write")
+    parser.add_argument(
+        "--allow-unnormalised", action="store_true", help="allow interp with a neural LM whose scores are unnormalised"
+    )
+    parser.add_argument(
+        "--no-overlap-check", action="store_true", help="skip the leakage check against the LM's training text"
     )
 
 
@@ -181,12 +209,16 @@ def run_tune(args) -> int:
         raise ValueError(f"--fixed {args.fixed!r}: not one of --features {','.join(setup.features)}")
     check_writable(args.out, "--out")
     check_writable(_cache_path(args), "--cache")
+    if args.html:
+        check_writable(args.html, "--html")
     nbest = _read_list(args)
     if args.cv and not 2 <= args.cv <= len(nbest):
         raise ValueError(f"--cv {args.cv}: expected 0 (none) or 2 to {len(nbest)} folds (the list's entries)")
     references_of(nbest, args.metric)
     check_features(nbest, setup.features, setup.definitions, lambdas[0], _models_given(args, {}))
     models = _language_models(args, {})
+    check_normalisation(getattr(models, "normalisation", None), setup, args.allow_unnormalised)
+    leakage = _overlap_check(args, models, nbest)
     lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
     tuned = tune_setup(
         nbest, setup, lm_scores, args.metric, args.fixed, lambdas, args.cv,
@@ -194,7 +226,17 @@ def run_tune(args) -> int:
     )  # fmt: skip
     extra = {"cross_validation": tuned.cross_validation} if tuned.cross_validation else {}
     extra["dev_metric_by_lambda"] = {str(k): v for k, v in tuned.by_lambda.items()}
+    if leakage:
+        extra["overlap"] = leakage
     write_weights(args.out, tuned.result, setup_record(models, tuned.setup), **extra)
+    if args.html:
+        from rescoring.report_html import tune_plots, write_html
+
+        ranked, chosen = reranked(nbest, tuned.setup, lm_scores)
+        weights = {"file": str(args.out), **tuned.result.weights}
+        rep = _full_report(nbest, chosen, args.metric, models, tuned.setup, weights, leakage)
+        plots = tune_plots(tuned, args.metric)
+        write_html(args.html, rep, nbest, ranked, chosen, plots, title=f"lm-rescore tune: {nbest.name}")
     r = tuned.result
     print(
         f"{nbest.name}: {args.metric} {r.baseline_metric:.2f} -> {r.dev_metric:.2f} on the dev list "
@@ -218,24 +260,99 @@ def run_nbest(args) -> int:
     out_format = output_format(args.out, args.out_format)
     check_writable(args.out, "--out", folder=out_format in FOLDER_FORMATS)
     check_writable(_cache_path(args), "--cache")
-    if args.report:
-        check_writable(args.report, "--report")
+    for flag, path in (("--report", args.report), ("--html", args.html)):
+        if path:
+            check_writable(path, flag)
     _check_saved_models(args, saved, args.weights)
     nbest = _read_list(args)
     if not args.no_metrics:
         references_of(nbest, record["metric"])
     check_features(nbest, setup.features, setup.definitions, setup.lam, _models_given(args, saved))
     models = _language_models(args, saved, args.weights)
+    check_normalisation(getattr(models, "normalisation", None), setup, args.allow_unnormalised)
+    leakage = None if args.no_metrics else _overlap_check(args, models, nbest)
     lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
     ranked, chosen = reranked(nbest, setup, lm_scores)
     write_nbest(ranked, args.out, out_format)
     if args.no_metrics:
         print(f"{nbest.name}: {len(nbest)} lists reranked -> {args.out}")
         return 0
-    rep = report(nbest, chosen, record["metric"])
-    rep["weights"] = {"file": str(args.weights), **record["weights"]}
-    rep["setup"] = setup_record(models, setup)
+    weights = {"file": str(args.weights), **record["weights"]}
+    rep = _full_report(nbest, chosen, record["metric"], models, setup, weights, leakage)
     if args.report:
         atomic_write_text(args.report, json.dumps(rep, indent=2, default=float) + "\n")
+    if args.html:
+        from rescoring.report_html import write_html
+
+        write_html(args.html, rep, nbest, ranked, chosen)
     print(format_report(rep))
+    return 0
+
+
+def _full_report(nbest: NBestList, chosen, metric: str, models, setup: Setup, weights: dict, leakage) -> dict:
+    """``rescoring.rescore.report`` with what a reader needs beside the figures: the weights and setup, the neural
+    LM's normalisation and the leakage check."""
+    rep = report(nbest, chosen, metric)
+    rep["weights"] = weights
+    rep["setup"] = setup_record(models, setup)
+    rep["normalisation"] = getattr(models, "normalisation", None)
+    if leakage:
+        rep["overlap"] = leakage
+    return rep
+
+
+def _references(nbest: NBestList) -> tuple[list[str], list[str]]:
+    """Every reference of a list, and a name for each (the entry's id, with "#k" for the k-th of several)."""
+    refs, ids = [], []
+    for e in nbest:
+        for k, ref in enumerate(e.references):
+            refs.append(ref)
+            ids.append(e.id if len(e.references) == 1 else f"{e.id}#{k + 1}")
+    return refs, ids
+
+
+def _overlap_check(args, models, nbest: NBestList) -> dict | None:
+    """The leakage guard, run automatically when the neural LM's manifest names training files that are on this
+    machine: the list's references (through the LMs' normaliser) against them; a warning above ``WARN_SHARE``."""
+    scorer = getattr(models, "scorer", None)
+    if args.no_overlap_check or scorer is None:
+        return None
+    texts = overlap.training_texts(scorer.bundle.manifest)
+    refs, ids = _references(nbest)
+    if not texts or not refs:
+        return None
+    result = overlap.measure(refs, texts, ids=ids, reference_view=models.normalizer.normalize, offenders=5)
+    print(f"lm-rescore: {result.summary()}", file=sys.stderr)
+    warning = result.warning()
+    if warning:
+        print(f"lm-rescore: warning: {warning}", file=sys.stderr)
+    return {**result.to_dict(), "warning": warning}
+
+
+def run_overlap(args) -> int:
+    if args.list is None and not args.references:
+        raise ValueError("overlap: give --list LIST (its references) or --references FILE...")
+    if args.list is not None:
+        refs, ids = _references(read_nbest(args.list, args.format, args.references))
+    else:
+        refs, ids = [], []
+        for path in args.references:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            refs += lines
+            ids += [f"{path}:{i}" for i in range(1, len(lines) + 1)]
+    views = {
+        name: PRESETS[preset].normalize if preset else overlap.words_of
+        for name, preset in (("reference_view", args.normalize), ("text_view", args.normalize_text))
+    }
+    result = overlap.measure(refs, args.text, args.n, ids=ids, offenders=args.offenders, **views)
+    print(result.summary())
+    for o in result.offenders:
+        print(
+            f"  {o.covered_words}/{o.words} words, {o.windows_found} found, first at {o.first_found}: {o.id}  {o.text}"
+        )
+    warning = result.warning(args.threshold)
+    if warning:
+        print(f"lm-rescore: warning: {warning}", file=sys.stderr)
+    if args.json:
+        atomic_write_text(args.json, json.dumps({**result.to_dict(), "warning": warning}, indent=2) + "\n")
     return 0

@@ -18,8 +18,16 @@ from server.models import Profile, ServedModel
 EOS_TOKEN = "</s>"
 
 
+NORMALISATIONS = {
+    "exact": pb.NORMALISATION_EXACT,
+    "self-normalised": pb.NORMALISATION_SELF_NORMALISED,
+    "unnormalised": pb.NORMALISATION_UNNORMALISED,
+}
+
+
 def normalisation(model: ServedModel) -> int:
-    return pb.NORMALISATION_EXACT if model.lm.scorer.normalised else pb.NORMALISATION_SELF_NORMALISED
+    """The bundle's measured label (``rescoring.bundle``) as the wire enum."""
+    return NORMALISATIONS[model.lm.scorer.normalisation]
 
 
 # -- ScoreSentences ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from rescoring.lmscores import HypothesisScores, load_or_compute, texts_fingerprint
 from rescoring.nbest import NBestList
 from server.client import LMServeClient
+from server.messages import NORMALISATIONS
 
 SENTENCES_PER_CALL = 256  # halved while the server answers RESOURCE_EXHAUSTED (its max_sentences is lower)
 
@@ -28,7 +29,8 @@ class RemoteError(OSError):
 
 
 class RemoteLanguageModels:
-    """Duck-types ``rescoring.rescore.LanguageModels`` (``available``, ``scores``, ``paths``) over one served model."""
+    """Duck-types ``rescoring.rescore.LanguageModels`` (``available``, ``scores``, ``paths``, ``normalisation``) over
+    one served model."""
 
     available = True
 
@@ -39,6 +41,7 @@ class RemoteLanguageModels:
         except grpc.RpcError as error:
             raise RemoteError.of(client.target, error) from error
         self.model = self.info.name
+        self.normalisation = {v: k for k, v in NORMALISATIONS.items()}.get(self.info.normalisation)
         self.per_call = SENTENCES_PER_CALL
         self.paths = {
             "server": client.target,

@@ -4,6 +4,14 @@ The bundle format is documented once, in ``rescoring/bundle.py``, which reads an
 it. Export checks its own work: the exported sentences graph is run with ONNX Runtime on held-out text and compared
 with PyTorch token by token, and the manifest records the difference together with the held-out perplexity and the
 log Z statistics that say how far self-normalised scores are from log-probabilities.
+
+The bundle's ``normalisation`` is decided by those measurements, not by the objective's intent
+(``normalisation_label``): a head served through its normalised scores is ``exact``; a head served through its
+unnormalised scores (a sampled objective or the log Z penalty) is ``self-normalised`` only when the held-out log Z is
+close to 0 and steady (|mean| <= ``SELFNORM_MAX_ABS_MEAN``, std <= ``SELFNORM_MAX_STD``), else ``unnormalised``.
+On PTB (benchmarks/results/normalisation_labels.json) NCE and the models trained with the penalty pass (|mean| <=
+0.06, std <= 0.24), except negative sampling with it (0.33 ± 0.18); IS without the penalty (1.49 ± 1.47), negative
+sampling (3.05 ± 0.73), BlackOut (0.83 ± 1.01) and β-NCE (-0.38 ± 0.30) do not.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from torch import nn
 
 from training import objectives
 from training.atomic import atomic_directory
-from training.batching import SentenceBatches
+from training.batching import SentenceBatches, StreamBatches
 from training.checkpoint import load_model_for_eval, resolve_checkpoint
 from training.config import expand_data_path
 from training.corpus import encode_file, file_fingerprint
@@ -33,6 +41,22 @@ FORMAT_VERSION = 2  # rescoring/bundle.py documents and reads this version
 OPSET = 17
 # Exact fp32 graphs must reproduce PyTorch to this per-token tolerance, or export fails.
 PARITY_TOLERANCE = 1e-4
+# Unnormalised scores count as self-normalised when the held-out log Z (nats per token) stays this close to 0: a mean
+# of 0.1 biases a sentence's score by 0.1 nats a word (perplexity within 10.5%), a spread of 0.3 keeps a 20-word
+# sentence's score within about ±1.3 nats if the errors were independent.
+SELFNORM_MAX_ABS_MEAN = 0.1
+SELFNORM_MAX_STD = 0.3
+
+
+def normalisation_label(self_normalised: bool, logz_mean: float, logz_std: float) -> str:
+    """The bundle's ``normalisation``: "exact" for graphs that normalise; for graphs that serve the head's
+    unnormalised scores, "self-normalised" when the measured held-out log Z is within the thresholds above, else
+    "unnormalised" (scores that are not log-probabilities and must not be mixed with probabilities)."""
+    if not self_normalised:
+        return "exact"
+    if abs(logz_mean) <= SELFNORM_MAX_ABS_MEAN and logz_std <= SELFNORM_MAX_STD:
+        return "self-normalised"
+    return "unnormalised"
 
 
 class SentencesGraph(nn.Module):
@@ -184,6 +208,11 @@ def export_bundle(
     corpus = encode_file(heldout, vocab, cfg.data.lowercase)
     batches = SentenceBatches(corpus, vocab.bos_id, vocab.eos_id, cfg.train.eval_batch_size, shuffle=False)
     exact = evaluate(model, batches, vocab.unk_id)
+    stream = {}
+    if cfg.data.mode == "stream" and corpus.num_words + corpus.num_sentences >= 2 * cfg.train.eval_batch_size:
+        # trained with state carried across sentences, scored from here on sentence by sentence: measure both
+        carried = StreamBatches(corpus, vocab.eos_id, cfg.train.eval_batch_size, cfg.train.bptt)
+        stream = {"stream_ppl": evaluate(model, carried, vocab.unk_id).ppl}
     out = Path(out)
     with atomic_directory(out) as tmp:
         export_graphs(model, self_normalised, tmp)
@@ -201,7 +230,7 @@ def export_bundle(
             "format_version": FORMAT_VERSION,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "head": cfg.head.type,
-            "normalisation": "self-normalised" if self_normalised else "exact",
+            "normalisation": normalisation_label(self_normalised, exact.logz_mean, exact.logz_std),
             "vocab": {"file": "vocab.tsv", "size": len(vocab), "unk": vocab.unk, "bos": "<s>", "eos": "</s>"},
             "text": {"tokenizer": "whitespace", "lowercase": cfg.data.lowercase},
             "model": {
@@ -222,6 +251,7 @@ def export_bundle(
                 "ppl_no_oov": exact.ppl_no_oov,
                 "logz_mean": exact.logz_mean,
                 "logz_std": exact.logz_std,
+                **stream,
                 **check,
             },
             "training": {"checkpoint": str(ckpt), "config": cfg.to_dict(), "data": training_data(ckpt, cfg)},
@@ -229,3 +259,23 @@ def export_bundle(
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def export_warnings(manifest: dict) -> list[str]:
+    """What the person exporting should know before using the bundle: scores that are not log-probabilities, and a
+    model trained in stream mode (state carried across sentences) that every scorer runs sentence by sentence."""
+    held = manifest["heldout"]
+    out = []
+    if manifest["normalisation"] == "unnormalised":
+        out.append(
+            f"scores are unnormalised: held-out log Z {held['logz_mean']:.2f} ± {held['logz_std']:.2f} (self-normalised "
+            f"needs |mean| <= {SELFNORM_MAX_ABS_MEAN} and std <= {SELFNORM_MAX_STD}); use them as a log-linear feature, "
+            "not for per-word interpolation"
+        )
+    if "stream_ppl" in held:
+        out.append(
+            f"the model was trained in stream mode but is exported for sentence scoring (each sentence from a fresh "
+            f"state): held-out perplexity {held['stream_ppl']:.2f} as a stream, {held['ppl']:.2f} sentence by "
+            'sentence; train with data.mode = "sentence" for rescoring'
+        )
+    return out

@@ -12,9 +12,11 @@ class Normalisation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NORMALISATION_UNSPECIFIED: _ClassVar[Normalisation]
     NORMALISATION_EXACT: _ClassVar[Normalisation]
     NORMALISATION_SELF_NORMALISED: _ClassVar[Normalisation]
+    NORMALISATION_UNNORMALISED: _ClassVar[Normalisation]
 NORMALISATION_UNSPECIFIED: Normalisation
 NORMALISATION_EXACT: Normalisation
 NORMALISATION_SELF_NORMALISED: Normalisation
+NORMALISATION_UNNORMALISED: Normalisation
 
 class ScoreSentencesRequest(_message.Message):
     __slots__ = ("model", "sentences", "per_token")
