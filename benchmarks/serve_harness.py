@@ -69,7 +69,7 @@ def write_config(folder: Path, settings: ServerSettings, bundle: Path = BUNDLE) 
     path.write_text(
         f'[server]\nworkers = {settings.workers}\nengine = "{settings.engine}"\n'
         f"scorer_threads = {settings.scorer_threads}\nmetrics_port = 0\n"
-        f"grace_seconds = {settings.grace_seconds}\nmax_concurrent_calls = 256\n"
+        f"grace_seconds = {settings.grace_seconds}\nmax_concurrent_calls = 256\nadmin = true\n"
         f"[batching]\nenabled = {str(settings.batching).lower()}\nmax_batch_tokens = {settings.max_batch_tokens}\n"
         f"max_wait_ms = {settings.max_wait_ms}\n"
         f'[models.librispeech]\nbundle = "{bundle}"\nngram = "{NGRAM}"\nnormalize = "librispeech"\n'

@@ -57,7 +57,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 FORMAT = "lmserve-bundle"
 FORMAT_VERSION = 2
@@ -105,6 +105,15 @@ def read_vocab(path: Path) -> list[str]:
     if len(set(tokens)) != len(tokens):
         raise BundleError(f"{path}: a token appears twice")
     return tokens
+
+
+def inside_bundle(name: object) -> bool:
+    """Whether a manifest's file name stays in the bundle folder: a bundle from elsewhere must not make the server
+    read ``../../secret`` or ``/etc/passwd`` as its graphs."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        return False
+    path = PurePosixPath(name)
+    return not path.is_absolute() and ".." not in path.parts
 
 
 @dataclass
@@ -170,9 +179,20 @@ def validate_manifest(manifest: dict, where: Path | str) -> None:
             f"{where}: field 'normalisation' is {manifest['normalisation']!r}, "
             f"expected one of {', '.join(NORMALISATIONS)}"
         )
-    for field in ("file", "size", "unk", "bos", "eos"):
-        if field not in manifest["vocab"]:
-            raise BundleError(f"{where}: field 'vocab.{field}' is missing")
+    for section, keys in (("vocab", ("file", "size", "unk", "bos", "eos")), ("model", ("layers", "hidden_size"))):
+        for field in keys:
+            if field not in manifest[section]:
+                raise BundleError(f"{where}: field '{section}.{field}' is missing")
+    for field in ("size", "layers", "hidden_size"):
+        value = manifest["vocab" if field == "size" else "model"][field]
+        if type(value) is not int or value < 1:
+            raise BundleError(f"{where}: field {field!r} = {value!r}: expected a positive integer")
+    for name in manifest["files"]:
+        if not inside_bundle(name):
+            raise BundleError(
+                f"{where}: 'files' names {name!r}: expected a file name inside the bundle folder (no '..', no "
+                "absolute path)"
+            )
     for graph in GRAPHS:
         name = manifest["graphs"].get(graph)
         if name not in manifest["files"]:

@@ -111,14 +111,20 @@ class Scorer:
         options.intra_op_num_threads = threads or (os.cpu_count() or 1)
         options.inter_op_num_threads = 1
         self.providers = list(providers or default_providers())
-        self.sessions = {
-            name: ort.InferenceSession(str(self.bundle.graph_path(name)), options, providers=self.providers)
-            for name in ("sentences", "step", "step_full")
-        }
+        self.sessions = {name: self._session(name, options) for name in ("sentences", "step", "step_full")}
         self.layers = manifest["model"]["layers"]
         self.state_size = manifest["model"]["hidden_size"]
         self.continues_from_state = "h0" in {i.name for i in self.sessions["sentences"].get_inputs()}
         self._check_graphs()
+
+    def _session(self, name: str, options: ort.SessionOptions) -> ort.InferenceSession:
+        """An ONNX Runtime session of one graph; a graph it cannot load (a truncated file whose checksum was updated
+        too) is a BundleError naming the file, not onnxruntime's own exception."""
+        path = self.bundle.graph_path(name)
+        try:
+            return ort.InferenceSession(str(path), options, providers=self.providers)
+        except Exception as e:  # onnxruntime's InvalidProtobuf, Fail, ...: no common base class but Exception
+            raise BundleError(f"{path}: ONNX Runtime cannot load the {name!r} graph: {type(e).__name__}: {e}") from e
 
     @property
     def normalised(self) -> bool:

@@ -117,6 +117,7 @@ class LMServer:
         The drain ends when the calls of our services are done: health watches and reflection streams never end by
         themselves and would otherwise hold every shutdown for the whole grace period."""
         grace = self.config.server.grace_seconds
+        self.servicer.stopping = True
         await self.health.enter_graceful_shutdown()
         refusing = asyncio.create_task(self.server.stop(grace))
         await asyncio.sleep(0)  # its first step shuts the port: from the "stopping" line on, new calls are refused

@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from rescoring.bundle import BundleError
 from rescoring.cli import read_lines
+from rescoring.command import add_common_arguments, run_command
 from rescoring.nbest import FORMATS, read_nbest, write_nbest
 from rescoring.ngram import NgramError
 from server import messages
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lm-serve", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
+    add_common_arguments(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="load the models of a TOML config and serve them until SIGTERM/SIGINT")
@@ -223,15 +224,20 @@ def _health(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A failed call ends in ``lm-serve: CODE: details`` (exit 1); errors, Ctrl-C and SIGTERM outside the server's own
+    handling in one line (``rescoring.command``); ``LMSERVE_DEBUG=1`` or ``--debug`` shows tracebacks."""
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except grpc.RpcError as e:
-        print(f"lm-serve: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 1
-    except (BundleError, NgramError, ValueError, OSError) as e:
-        print(f"lm-serve: error: {e}", file=sys.stderr)
-        return 2
+
+    def call() -> int:
+        try:
+            return args.func(args)
+        except grpc.RpcError as e:
+            if not hasattr(e, "code"):
+                raise
+            print(f"lm-serve: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+
+    return run_command("lm-serve", call, args.debug, user_errors=(NgramError,))
 
 
 if __name__ == "__main__":

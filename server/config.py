@@ -11,11 +11,13 @@
     max_concurrent_calls = 64     # calls beyond this are refused with RESOURCE_EXHAUSTED
     grace_seconds = 5.0           # on SIGTERM/SIGINT, how long in-flight calls may take to finish
     metrics_port = 9090           # Prometheus /metrics over HTTP on the same host; 0: any free port; -1 (default): off
-    admin = true                  # the lmserve.v1.Admin service (ReloadModels) on the same port; SIGHUP reloads anyway
+    admin = false                 # the lmserve.v1.Admin service (ReloadModels) on the same port, unauthenticated
+                                  # unless [tls] has client_ca: off by default; SIGHUP reloads either way
 
     [limits]                      # a request beyond one is refused with RESOURCE_EXHAUSTED naming the limit
     max_sentences = 1000          # ScoreSentences: sentences per request
-    max_words = 200               # words per sentence or hypothesis
+    max_words = 200               # words per sentence or hypothesis (rescoring.nbest.checks.MAX_WORDS, the limit
+                                  # lm-rescore applies offline too)
     max_lists = 500               # RescoreNBest/KBest: lists per request
     max_hypotheses = 20000        # RescoreNBest/KBest: hypotheses per request, all lists together
     max_candidates = 1000         # ScoreNextWords: candidates, or top_k
@@ -49,6 +51,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from rescoring.nbest.checks import MAX_WORDS
+
 ENGINES = ("threads", "processes")  # server.engine
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
@@ -60,7 +64,7 @@ class ConfigError(ValueError):
 @dataclass
 class Limits:
     max_sentences: int = 1000
-    max_words: int = 200
+    max_words: int = MAX_WORDS
     max_lists: int = 500
     max_hypotheses: int = 20000
     max_candidates: int = 1000
@@ -78,7 +82,7 @@ class ServerSettings:
     max_concurrent_calls: int = 64
     grace_seconds: float = 5.0
     metrics_port: int = -1
-    admin: bool = True
+    admin: bool = False
 
 
 @dataclass

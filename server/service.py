@@ -115,6 +115,7 @@ class LMServicer:
         self.sentence_batcher = batcher("sentences", score_sentences)
         self.list_batcher = batcher("lists", score_lists)
         self.active = 0  # calls being handled; a drain waits for them, not for health watches or reflection
+        self.stopping = False  # set by the server's shutdown: failures of calls cut short then are no bugs
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -164,9 +165,14 @@ class LMServicer:
             except asyncio.CancelledError:
                 self.done(fields, "CANCELLED", start)
                 raise
-            except Exception:
-                log.exception("internal error", extra={"fields": fields})
-                error = RequestError(grpc.StatusCode.INTERNAL, f"{name}: internal error (the server log has details)")
+            except Exception as e:
+                if self.stopping:  # the scoring pool was shut down under a call past the grace period: no bug
+                    error = RequestError(grpc.StatusCode.UNAVAILABLE, f"{name}: the server is stopping ({e})")
+                else:
+                    log.exception("internal error", extra={"fields": fields})
+                    error = RequestError(
+                        grpc.StatusCode.INTERNAL, f"{name}: internal error (the server log has details)"
+                    )
             else:
                 data = response.SerializeToString()
                 self.done(fields, "OK", start, response_bytes=len(data))

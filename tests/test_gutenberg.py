@@ -259,8 +259,14 @@ def test_prepare_gutenberg_output_is_byte_identical_across_runs(tmp_path):
 
 def test_prepare_gutenberg_errors_name_the_offending_path(tmp_path):
     missing = tmp_path / "nowhere"
-    with pytest.raises(FileNotFoundError, match="nowhere"):
+    with pytest.raises(ValueError, match="nowhere"):
         prepare_gutenberg(missing, tmp_path / "out")
+
+    lost = tmp_path / "lost"  # a book of the manifest is not there: an error naming it, not a traceback
+    write_corpus(lost, fake_books()[:3])
+    (lost / "pg101.txt.gz").unlink()
+    with pytest.raises(ValueError, match=r"pg101\.txt\.gz: cannot read this book"):
+        prepare_gutenberg(lost, tmp_path / "out", valid_books=1, test_books=1)
 
     bad = tmp_path / "bad"
     write_corpus(bad, fake_books()[:3] + [(999, "Bare", "Just text.\r\nNo markers.\r\n")])

@@ -33,7 +33,7 @@ SENTENCES = ["w1 w2 w3", "w4 w5", ""]
 
 
 def write_config(path: Path, bundle: Path, *sections: str, server: str = "", workers: int = 1) -> Path:
-    head = f"[server]\nworkers = {workers}\ngrace_seconds = 60.0\n{server}"
+    head = f"[server]\nworkers = {workers}\ngrace_seconds = 60.0\nadmin = true\n{server}"  # (admin: off by default)
     path.write_text("\n".join([head, *sections, f'[models.m]\nbundle = "{bundle}"\n']))
     return path
 

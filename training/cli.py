@@ -78,6 +78,9 @@ def _prepare_gutenberg(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lm-train", description=__doc__)
+    from importlib.metadata import version  # (here only: nothing else in this module needs it)
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s (lmserve) {version('lmserve')}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     fit = sub.add_parser("fit", help="train a model from a TOML config")

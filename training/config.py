@@ -269,6 +269,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError as e:
             raise ConfigError(f"{path}: config file not found") from e
+        except (OSError, UnicodeDecodeError) as e:  # a folder (an empty argument is "."), unreadable, not text
+            raise ConfigError(f"{path or repr(path)}: cannot read it as a TOML config file ({e})") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from e
     for text in overrides:

@@ -183,7 +183,7 @@ def holdout_split(files: list[str], valid_books: int, test_books: int) -> dict[s
 def read_manifest(path: Path) -> dict[str, dict[str, str]]:
     """Book metadata by file name; the manifest, not a directory listing, defines the corpus."""
     if not path.is_file():
-        raise FileNotFoundError(f"manifest not found: {path}")
+        raise ValueError(f"manifest not found: {path}")
     with path.open(encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         missing = {"file", "pg_ebook_no", "title", "gz_sha256"} - set(reader.fieldnames or ())
@@ -194,7 +194,10 @@ def read_manifest(path: Path) -> dict[str, dict[str, str]]:
 
 def _read_book(path: Path, expected_sha256: str) -> tuple[str, str]:
     """Decoded text and sha256 of one .txt.gz, refusing a file that differs from the manifest."""
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:  # (lm-train reports ValueErrors in one line)
+        raise ValueError(f"{path}: cannot read this book of {MANIFEST} ({e.strerror})") from e
     digest = hashlib.sha256(data).hexdigest()
     if digest != expected_sha256:
         raise ValueError(f"{path}: sha256 {digest} does not match manifest {expected_sha256}")
@@ -213,7 +216,7 @@ def prepare_gutenberg(data_dir: Path, out_dir: Path, valid_books: int = 3, test_
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     if not data_dir.is_dir():
-        raise FileNotFoundError(f"Gutenberg data directory not found: {data_dir}")
+        raise ValueError(f"Gutenberg data directory not found: {data_dir}")
     manifest_path = data_dir / MANIFEST
     manifest = read_manifest(manifest_path)
     assignment = holdout_split(sorted(manifest), valid_books, test_books)
