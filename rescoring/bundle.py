@@ -23,9 +23,12 @@ Graphs (float32 scores in natural log; dynamic batch B, length T, candidates K; 
 - ``step_full``: as ``step`` without ``candidates``; ``logprobs`` is [B, V].
 
 The scores of all three graphs are the same function: summing ``step`` scores word by word (then ``</s>``) gives the
-``sentences`` score. ``normalisation`` says what that function is: ``exact`` — true log-probabilities; or
-``self-normalised`` — the head's unnormalised scores (one dot product per word), trained with a log Z penalty so that
-they approximate log-probabilities, with the error measured on held-out text in ``heldout.logz_mean``/``logz_std``.
+``sentences`` score. ``normalisation`` says what that function is, as measured at export
+(``training.export.normalisation_label``): ``exact`` — true log-probabilities; ``self-normalised`` — the head's
+unnormalised scores (one dot product per word), trained so that they approximate log-probabilities, and measured on
+held-out text to do so (``heldout.logz_mean``/``logz_std``: |mean| <= 0.1 and std <= 0.3); or ``unnormalised`` —
+such scores whose held-out log Z is further from 0: a usable log-linear feature, but not a log-probability, so
+``lm-rescore`` does not mix them with n-gram probabilities word by word unless asked to.
 
 ``manifest.json`` fields:
 
@@ -34,7 +37,7 @@ format              "lmserve-bundle"
 format_version      2 (1 is read too)
 created             ISO 8601 time of export
 head                output layer: "full", "adaptive", ...
-normalisation       "exact" or "self-normalised" (above)
+normalisation       "exact", "self-normalised" or "unnormalised" (above)
 vocab               {"file", "size", "unk", "bos", "eos"}
 text                how the training text became tokens: {"tokenizer": "whitespace", "lowercase": bool}, or a
                     ``rescoring.textnorm.TextNormalizer`` (``{"tokenizer": "textnorm", ...}``); the scorer
@@ -46,7 +49,8 @@ quantization        null, or "int8-dynamic" (weights int8, activations quantised
 heldout             measured at export on held-out text, sentence by sentence: {"file", "sentences", "tokens",
                     "oov_rate", "ppl", "ppl_no_oov" (exact, PyTorch fp32), "score_ppl" (exp of minus the mean
                     score of the exported sentences graph: equals ppl for exact fp32 bundles), "logz_mean",
-                    "logz_std", "max_abs_diff" (largest |ONNX - PyTorch| per-token score difference)}
+                    "logz_std", "max_abs_diff" (largest |ONNX - PyTorch| per-token score difference); for models
+                    trained in stream mode also "stream_ppl" (the same text as one stream, state carried)}
 training            {"checkpoint", "config" (the run's resolved config), "data": [{"path", "bytes", "sha256"}]}
 files               {file name: sha256} for every other file of the bundle
 ==================  =============================================================================================
@@ -64,7 +68,7 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 VOCAB_HEADER = "#lmserve-vocab v1"
 GRAPHS = ("sentences", "step", "step_full")
-NORMALISATIONS = ("exact", "self-normalised")
+NORMALISATIONS = ("exact", "self-normalised", "unnormalised")
 REQUIRED = {
     "format": str,
     "format_version": int,
@@ -123,9 +127,14 @@ class Bundle:
     tokens: list[str]
 
     @property
+    def normalisation(self) -> str:
+        """The measured label: "exact", "self-normalised" or "unnormalised" (module docstring)."""
+        return self.manifest["normalisation"]
+
+    @property
     def normalised(self) -> bool:
-        """True when the scores are exact log-probabilities, False when they are self-normalised."""
-        return self.manifest["normalisation"] == "exact"
+        """True when the scores are exact log-probabilities, False when they are (self-)unnormalised ones."""
+        return self.normalisation == "exact"
 
     def graph_path(self, name: str) -> Path:
         return self.path / self.manifest["graphs"][name]

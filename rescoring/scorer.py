@@ -2,7 +2,8 @@
 
 Sentences are scored independently, each as ``<s> w1 .. wn </s>`` from a fresh LSTM state; a sentence's score is the
 sum of its n + 1 token scores (the words and ``</s>``). Scores are natural logs; ``log10`` views are provided. Whether
-they are exact log-probabilities or self-normalised ones is the bundle's ``normalisation`` (``Scorer.normalised``).
+they are exact log-probabilities, self-normalised or unnormalised scores is the bundle's ``normalisation``, measured at
+export (``Scorer.normalisation``; ``Scorer.normalised`` is true for exact ones).
 
 Two ways in:
 
@@ -129,6 +130,11 @@ class Scorer:
     @property
     def normalised(self) -> bool:
         return self.bundle.normalised
+
+    @property
+    def normalisation(self) -> str:
+        """The bundle's measured label: "exact", "self-normalised" or "unnormalised" (``rescoring.bundle``)."""
+        return self.bundle.normalisation
 
     @property
     def fingerprint(self) -> str:
