@@ -6,6 +6,12 @@
   later when rescoring; sentences of similar length share a batch and padding is masked out of the loss.
 
 Both are deterministic functions of (seed, epoch), so a run resumed mid-epoch sees exactly the batches it would have.
+
+``train.batch_size`` is the *global* batch of one optimisation step. Under ``torchrun`` with W ranks and
+``train.accumulate = K`` each step's batch is cut into W x K contiguous parts (stream columns, or sentences of similar
+length): rank r trains on parts r, W + r, ..., one micro-batch after the other, and only builds those. Whatever W and
+K, a step sees the same examples and (with the global loss denominator, see ``Trainer.step``) the same gradient.
+Both read the corpus lazily, so a memory-mapped prepared dataset stays on disk until a batch needs it.
 """
 
 from __future__ import annotations
@@ -40,31 +46,62 @@ class Batch:
     def num_tokens(self) -> int:
         return self.targets.numel() if self.mask is None else int(self.mask.sum())
 
+    def pin_memory(self) -> Batch:
+        mask = None if self.mask is None else self.mask.pin_memory()
+        return Batch(self.inputs.pin_memory(), self.targets.pin_memory(), mask, self.num_sequences)
+
 
 class StreamBatches:
+    """The stream is every sentence followed by ``</s>``; stream b of B is its b-th contiguous slice of ``steps``
+    tokens. A batch's tokens are looked up from the sentence offsets, so no copy of the corpus is made."""
+
     carries_state = True
 
     def __init__(self, corpus: EncodedCorpus, eos_id: int, batch_size: int, bptt: int):
-        stream = np.empty(corpus.num_words + corpus.num_sentences, dtype=np.int64)
-        ends = corpus.offsets[1:] + np.arange(1, corpus.num_sentences + 1)  # position after each sentence's </s>
-        word_pos = np.arange(corpus.num_words) + np.repeat(np.arange(corpus.num_sentences), corpus.lengths())
-        stream[word_pos] = corpus.ids
-        stream[ends - 1] = eos_id
-        steps = len(stream) // batch_size
-        if steps < 2:
+        self.corpus = corpus
+        self.eos_id = eos_id
+        self.steps = (corpus.num_words + corpus.num_sentences) // batch_size
+        if self.steps < 2:
             raise ValueError(f"{corpus.path}: too short for {batch_size} streams")
-        self.data = torch.from_numpy(stream[: steps * batch_size].reshape(batch_size, steps).T.copy())
+        # stream position of each sentence's first token: the words before it plus one </s> per earlier sentence
+        self.sentence_starts = np.asarray(corpus.offsets[:-1]) + np.arange(corpus.num_sentences)
         self.bptt = bptt
         self.batch_size = batch_size
-        self.starts = list(range(0, steps - 1, bptt))
+        self.starts = list(range(0, self.steps - 1, bptt))
 
-    def num_batches(self, epoch: int = 0) -> int:
+    def num_batches(self, epoch: int = 0, parts: int = 1) -> int:
         return len(self.starts)
 
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
+    def _tokens(self, positions: np.ndarray) -> np.ndarray:
+        sentence = np.searchsorted(self.sentence_starts, positions, side="right") - 1
+        word = positions - sentence  # the word's index in ids, unless the position is the sentence's </s>
+        is_eos = positions == np.asarray(self.corpus.offsets)[sentence + 1] + sentence
+        ids = self.corpus.ids[np.minimum(word, self.corpus.num_words - 1)] if self.corpus.num_words else 0
+        return np.where(is_eos, self.eos_id, ids).astype(np.int64)
+
+    def _batch(self, i: int, columns: np.ndarray) -> Batch:
+        t = min(self.bptt, self.steps - 1 - i)
+        positions = columns[None, :] * self.steps + i + np.arange(t + 1)[:, None]
+        tokens = torch.from_numpy(self._tokens(positions))
+        return Batch(tokens[:-1], tokens[1:], None, len(columns))
+
+    def steps_of(self, epoch: int = 0, start: int = 0, rank: int = 0, world: int = 1, accumulate: int = 1):
+        """Each step's micro-batches for ``rank``: its share of the B streams, in ``accumulate`` parts."""
+        parts = np.array_split(np.arange(self.batch_size), world * accumulate)
+        mine = [parts[k * world + rank] for k in range(accumulate)]
         for i in self.starts[start:]:
-            t = min(self.bptt, len(self.data) - 1 - i)
-            yield Batch(self.data[i : i + t], self.data[i + 1 : i + 1 + t], None, self.batch_size)
+            yield [self._batch(i, columns) for columns in mine]
+
+    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
+        for (batch,) in self.steps_of(epoch, start):
+            yield batch
+
+    def eval_batches(self, rank: int = 0, world: int = 1) -> Iterator[Batch]:
+        """Rank ``rank``'s streams of every batch (state carries from one to the next, so streams are shared out)."""
+        columns = np.array_split(np.arange(self.batch_size), world)[rank]
+        if len(columns):
+            for i in self.starts:
+                yield self._batch(i, columns)
 
 
 class SentenceBatches:
@@ -92,8 +129,9 @@ class SentenceBatches:
         self.skipped = int((~keep).sum())
         self.lengths = lengths
 
-    def _plan(self, epoch: int) -> list[np.ndarray]:
-        """Shuffle, sort by length within buckets of 50 batches, cut into batches, shuffle the batches."""
+    def _plan(self, epoch: int, parts: int = 1) -> list[np.ndarray]:
+        """Shuffle, sort by length within buckets of 50 batches, cut into batches, shuffle the batches; a last batch
+        too small to give each of ``parts`` a sentence is left out of the epoch."""
         if not self.shuffle:
             order = self.indices[np.argsort(self.lengths[self.indices], kind="stable")]
             return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
@@ -104,13 +142,25 @@ class SentenceBatches:
             chunk = order[i : i + bucket]
             order[i : i + bucket] = chunk[np.argsort(self.lengths[chunk], kind="stable")]
         plan = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        return [plan[i] for i in rng.permutation(len(plan))]
+        return [plan[i] for i in rng.permutation(len(plan)) if len(plan[i]) >= parts]
 
-    def num_batches(self, epoch: int = 0) -> int:
-        return -(-len(self.indices) // self.batch_size)
+    def num_batches(self, epoch: int = 0, parts: int = 1) -> int:
+        full, rest = divmod(len(self.indices), self.batch_size)
+        return full + (rest >= parts if rest else 0)
+
+    def steps_of(self, epoch: int = 0, start: int = 0, rank: int = 0, world: int = 1, accumulate: int = 1):
+        """Each step's micro-batches for ``rank``: contiguous runs of the step's length-sorted sentences."""
+        for members in self._plan(epoch, world * accumulate)[start:]:
+            parts = np.array_split(members, world * accumulate)
+            yield [self.make_batch(parts[k * world + rank]) for k in range(accumulate)]
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
-        for members in self._plan(epoch)[start:]:
+        for (batch,) in self.steps_of(epoch, start):
+            yield batch
+
+    def eval_batches(self, rank: int = 0, world: int = 1) -> Iterator[Batch]:
+        """Every ``world``-th batch from ``rank`` on."""
+        for members in self._plan(0)[rank::world]:
             yield self.make_batch(members)
 
     def make_batch(self, members: np.ndarray) -> Batch:

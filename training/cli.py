@@ -22,7 +22,7 @@ def _fit(args) -> int:
             raise ConfigError("lm-train fit needs a CONFIG file (or --resume RUN_DIR)")
         cfg = load_config(args.config, args.set)
         run_dir = Path(args.out) if args.out else Path("var/runs") / Path(args.config).stem
-        trainer = Trainer.fresh(cfg, run_dir)
+        trainer = Trainer.fresh_or_resume(cfg, run_dir) if args.auto_resume else Trainer.fresh(cfg, run_dir)
     results = trainer.fit()
     print(json.dumps(results, indent=2))
     return 0
@@ -32,8 +32,8 @@ def _eval(args) -> int:
     import torch
 
     from training.checkpoint import load_model_for_eval
-    from training.corpus import encode_file
     from training.evaluate import evaluate
+    from training.prepared import open_corpus
     from training.trainer import describe, make_batcher
 
     cfg, vocab, model = load_model_for_eval(args.checkpoint)
@@ -43,7 +43,7 @@ def _eval(args) -> int:
         cfg.train.eval_batch_size = args.batch_size
     if args.threads:
         torch.set_num_threads(args.threads)
-    corpus = encode_file(args.file, vocab, cfg.data.lowercase)
+    corpus = open_corpus(args.file, "test", vocab, cfg.data.lowercase)
     result = evaluate(model, make_batcher(cfg, corpus, vocab, training=False), vocab.unk_id)
     print(f"{args.file} ({cfg.data.mode} mode): {describe(result, corpus.oov_rate)}", file=sys.stderr)
     print(json.dumps({"file": str(args.file), "mode": cfg.data.mode, "oov_rate": corpus.oov_rate, **result.to_dict()}))
@@ -53,7 +53,7 @@ def _eval(args) -> int:
 def _export(args) -> int:
     import torch
 
-    from training.export import export_bundle
+    from training.export import export_bundle, export_warnings
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,6 +65,23 @@ def _export(args) -> int:
         f"std {held['logz_std']:.3f}, max |ONNX - PyTorch| {held['max_abs_diff']:.1e}",
         file=sys.stderr,
     )
+    for warning in export_warnings(manifest):
+        print(f"lm-train: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _prepare(args) -> int:
+    from training.prepared import SPLITS, VocabSettings, prepare, summary_line
+
+    inputs = {split: getattr(args, split) or [] for split in SPLITS}
+    if args.text_dir:
+        if any(inputs.values()):
+            raise ConfigError("lm-train prepare: give --text-dir or --train/--valid/--test, not both")
+        root = Path(args.text_dir)
+        inputs = {split: [root / f"{split}.txt.gz"] for split in SPLITS if (root / f"{split}.txt.gz").exists()}
+    settings = VocabSettings(args.min_count, args.max_size, args.unk, args.vocab or "", args.lowercase)
+    manifest = prepare(inputs, Path(args.out), settings, workers=args.workers)
+    print(summary_line(manifest), file=sys.stderr)
     return 0
 
 
@@ -94,11 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("--out", help="run directory (default var/runs/CONFIG_NAME)")
     fit.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    fit.add_argument(
+        "--auto-resume",
+        action="store_true",
+        help="with CONFIG and --out: continue the run when it has a checkpoint (same config), else start it; "
+        "the form for torchrun --max-restarts",
+    )
     fit.set_defaults(func=_fit)
 
     ev = sub.add_parser("eval", help="exact perplexity of a checkpoint on a text file")
     ev.add_argument("--checkpoint", required=True, help="checkpoint directory, or a run directory (its best one)")
-    ev.add_argument("--file", required=True, help="plain or gzipped text, one sentence per line")
+    ev.add_argument(
+        "--file",
+        required=True,
+        help="plain or gzipped text, one sentence per line, or a prepared dataset (its test split, or DIR:SPLIT)",
+    )
     ev.add_argument("--mode", choices=("stream", "sentence"), help="default: the mode the model was trained in")
     ev.add_argument("--batch-size", type=int, help="streams or sentences per batch (default: the run's)")
     ev.add_argument("--threads", type=int, default=0)
@@ -111,6 +138,26 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--quantize", choices=("int8",), help="int8 dynamic quantisation of the graphs")
     ex.add_argument("--threads", type=int, default=0)
     ex.set_defaults(func=_export)
+
+    pr = sub.add_parser(
+        "prepare",
+        help="text -> prepared dataset (vocabulary + memory-mapped token ids) that fit and eval read",
+        description="Tokenise training text once: the vocabulary with counts, each split's ids as one flat uint16/uint32 "
+        "array plus sentence offsets, and a manifest with checksums. Use the output directory as data.train / "
+        "data.valid / data.test (or DIR:SPLIT) wherever a text file is accepted.",
+    )
+    pr.add_argument("--out", required=True, help="dataset directory to write (replaced atomically)")
+    pr.add_argument("--text-dir", help="a prepare-gutenberg output: its train/valid/test.txt.gz")
+    pr.add_argument("--train", nargs="+", metavar="FILE", help="training text files (plain or gzipped)")
+    pr.add_argument("--valid", nargs="+", metavar="FILE")
+    pr.add_argument("--test", nargs="+", metavar="FILE")
+    pr.add_argument("--min-count", type=int, default=1, help="keep words seen at least this often in train")
+    pr.add_argument("--max-size", type=int, default=0, help="vocabulary size, specials included (0 = no limit)")
+    pr.add_argument("--vocab", help="use this vocabulary file instead of building one")
+    pr.add_argument("--unk", default="<unk>", help="the data's own unknown-word token")
+    pr.add_argument("--lowercase", action="store_true")
+    pr.add_argument("--workers", type=int, default=2, help="tokenising processes (0 = in this process)")
+    pr.set_defaults(func=_prepare)
 
     prep = sub.add_parser("prepare-gutenberg", help="Project Gutenberg books -> LibriSpeech-style train/valid/test")
     prep.add_argument("--data", default="../shared/data/gutenberg", help="folder with pg*.txt.gz and MANIFEST.tsv")

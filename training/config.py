@@ -26,6 +26,7 @@ class ConfigError(ValueError):
 class DataConfig:
     """Text files (plain or gzipped, one sentence per line) and how they are cut into batches."""
 
+    # each a text file, or a prepared dataset directory (`lm-train prepare`; its split of this name, or DIR:SPLIT)
     train: str = ""
     valid: str = ""
     test: str = ""
@@ -39,6 +40,9 @@ class DataConfig:
 
 @dataclass
 class VocabConfig:
+    """The vocabulary cut from data.train's text; with a prepared dataset it is the dataset's own (made by
+    ``lm-train prepare``'s options) and only ``file`` is checked against it."""
+
     file: str = ""  # reuse an existing vocabulary file instead of building one from the training text
     min_count: int = 1
     max_size: int = 0  # total size including the specials; 0 = no limit
@@ -136,7 +140,9 @@ class TrainConfig:
     seed: int = 1
     threads: int = 0  # 0 = PyTorch's default
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the model trains (checkpoints and bundles are the same)
-    batch_size: int = 20  # streams (stream mode) or sentences (sentence mode)
+    # streams (stream mode) or sentences (sentence mode) of one optimisation step, over all ranks and micro-batches:
+    # the same config trains the same model on 1 process or under torchrun on W (batch_size divisible by W x accumulate)
+    batch_size: int = 20
     bptt: int = 20
     eval_batch_size: int = 10
     epochs: int = 13
@@ -147,6 +153,9 @@ class TrainConfig:
     loss_reduction: str = "sequence_sum"
     early_stop_patience: int = 0  # stop after this many epochs without a better validation perplexity (0 = off)
     log_interval: int = 100  # batches between training-loss records
+    accumulate: int = 1  # micro-batches per step and rank (gradient accumulation: large batches on few devices)
+    precision: str = "fp32"  # fp32 | bf16 (autocast: matrix products in bfloat16, weights and optimiser in fp32)
+    prefetch: int = 2  # steps of batches built ahead by a background thread (0 = none); pinned memory on a GPU
 
 
 @dataclass
@@ -178,6 +187,7 @@ _CHOICES = {
     ("optimizer", "name"): ("sgd", "adagrad", "adam"),
     ("schedule", "type"): ("fixed", "plateau"),
     ("train", "loss_reduction"): ("sequence_sum", "token_mean"),
+    ("train", "precision"): ("fp32", "bf16"),
 }
 
 
@@ -248,6 +258,8 @@ def _check_head_and_objective(config: Config, source: str) -> None:
     """Combinations that cannot work, caught before a run starts."""
     if not re.fullmatch(r"cpu|cuda(:\d+)?", config.train.device):
         raise ConfigError(f"{source}: train.device = {config.train.device!r}, expected cpu, cuda or cuda:N")
+    if config.train.accumulate < 1 or config.train.prefetch < 0 or config.train.batch_size < 1:
+        raise ConfigError(f"{source}: train.batch_size and train.accumulate must be >= 1, train.prefetch >= 0")
     head, objective = config.head, config.objective
     if objective.type in SAMPLED_OBJECTIVES and head.type not in LINEAR_HEADS:
         raise ConfigError(

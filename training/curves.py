@@ -13,10 +13,13 @@ from training.atomic import atomic_write_bytes
 class MetricsLog:
     """Append-only JSONL, one record per event (``train``, ``valid``, ``test``, ``data``, ``resume``, ...)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, enabled: bool = True):
         self.path = path
+        self.enabled = enabled  # under torchrun only rank 0 writes
 
     def write(self, event: str, **fields) -> None:
+        if not self.enabled:
+            return
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"event": event, "time": round(time.time(), 3), **fields}) + "\n")
 

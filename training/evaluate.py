@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from training.batching import Batch
+from training.distributed import Distributed
 from training.model import LSTMLM
 
 
@@ -32,7 +33,10 @@ def flatten(hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Ten
 
 
 @torch.no_grad()
-def evaluate(model: LSTMLM, batcher, unk_id: int) -> EvalResult:
+def evaluate(model: LSTMLM, batcher, unk_id: int, dist: Distributed | None = None) -> EvalResult:
+    """Exact perplexity over every batch; under torchrun each rank evaluates its share (``eval_batches``) and the
+    sums are added up, so the figure is the single-process one whatever the number of ranks."""
+    dist = dist or Distributed()
     was_training = model.training
     model.eval()
     head = model.head.frozen()  # a char-CNN head's matrix computed once, not at every batch
@@ -40,7 +44,7 @@ def evaluate(model: LSTMLM, batcher, unk_id: int) -> EvalResult:
     nll = nll_oov = logz_sum = logz_sq = 0.0
     tokens = oov = 0
     state = None
-    for batch in batcher.batches():
+    for batch in batcher.eval_batches(dist.rank, dist.world):
         batch = batch.to(device)
         hidden, state = model(batch.inputs, state if batcher.carries_state else None)
         h, targets = flatten(hidden, batch)
@@ -55,6 +59,8 @@ def evaluate(model: LSTMLM, batcher, unk_id: int) -> EvalResult:
         tokens += len(targets)
         oov += int(is_oov.sum())
     model.train(was_training)
+    nll, nll_oov, logz_sum, logz_sq, tokens, oov = dist.sum([nll, nll_oov, logz_sum, logz_sq, tokens, oov])
+    tokens, oov = int(tokens), int(oov)
     mean = logz_sum / tokens
     return EvalResult(
         tokens=tokens,

@@ -8,15 +8,21 @@ crash, a ``kill -9`` or Ctrl-C continues as if nothing had happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import queue
 import signal
 import sys
+import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from training.atomic import atomic_write_text
@@ -32,11 +38,13 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.config import Config, config_from_dict, expand_data_path
-from training.corpus import EncodedCorpus, encode_file, file_fingerprint, read_sentences
+from training.corpus import EncodedCorpus
 from training.curves import MetricsLog, plot_curves
+from training.distributed import Distributed, setup, step_seed
 from training.evaluate import EvalResult, evaluate, flatten
 from training.model import LSTMLM
 from training.objectives import build_objective
+from training.prepared import SPLITS, PreparedDataset, VocabSettings, is_prepared, open_corpus, prepare
 from training.vocab import Vocabulary
 
 
@@ -93,15 +101,49 @@ class Data:
     test: EncodedCorpus | None
 
 
-def load_data(cfg: Config, vocab: Vocabulary) -> Data:
-    d = cfg.data
+def _split_source(spec: str) -> str | None:
+    """The prepared dataset directory a data path names (``DIR`` or ``DIR:SPLIT``), or None for a text file."""
+    if is_prepared(spec):
+        return spec
+    root = spec.rsplit(":", 1)[0]
+    return root if ":" in spec and not Path(spec).exists() and is_prepared(root) else None
+
+
+def training_dataset(cfg: Config, run_dir: Path) -> Path:
+    """Where the run's training ids live: ``data.train`` when it is a prepared dataset, else ``RUN/data``, which
+    ``prepare_run_data`` makes from the text files (the same code as ``lm-train prepare``)."""
+    spec = expand_data_path(cfg.data.train)
+    source = _split_source(spec)
+    return Path(source) if source else run_dir / "data"
+
+
+def prepare_run_data(cfg: Config, run_dir: Path) -> None:
+    """Text files of the config -> ``RUN/data`` (a prepared dataset; nothing to do when it is up to date)."""
+    d, v = cfg.data, cfg.vocab
     if not d.train or not d.valid:
         raise ValueError("data.train and data.valid must both be set")
+    if _split_source(expand_data_path(d.train)):
+        return
+    texts = {s: [expand_data_path(getattr(d, s))] for s in SPLITS if getattr(d, s)}
+    texts = {s: paths for s, paths in texts.items() if not _split_source(paths[0])}
+    settings = VocabSettings(v.min_count, v.max_size, v.unk, v.file and expand_data_path(v.file), d.lowercase)
+    prepare(texts, run_dir / "data", settings, workers=0)
 
-    def encode(path: str) -> EncodedCorpus | None:
-        return encode_file(expand_data_path(path), vocab, d.lowercase) if path else None
 
-    return Data(encode(d.train), encode(d.valid), encode(d.test))
+def load_data(cfg: Config, vocab: Vocabulary, run_dir: Path) -> Data:
+    d = cfg.data
+    text_root = run_dir / "data"
+
+    def corpus(split: str) -> EncodedCorpus | None:
+        spec = getattr(d, split)
+        if not spec:
+            return None
+        spec = expand_data_path(spec)
+        if _split_source(spec) is None and is_prepared(text_root) and split in PreparedDataset(text_root).splits:
+            return open_corpus(str(text_root), split, vocab, d.lowercase)
+        return open_corpus(spec, split, vocab, d.lowercase)
+
+    return Data(corpus("train"), corpus("valid"), corpus("test"))
 
 
 def make_batcher(cfg: Config, corpus: EncodedCorpus, vocab: Vocabulary, training: bool):
@@ -120,12 +162,59 @@ def make_batcher(cfg: Config, corpus: EncodedCorpus, vocab: Vocabulary, training
     )
 
 
-def build_vocab(cfg: Config) -> Vocabulary:
-    v = cfg.vocab
-    if v.file:
-        return Vocabulary.load(expand_data_path(v.file))
-    sentences = read_sentences(expand_data_path(cfg.data.train), cfg.data.lowercase)
-    return Vocabulary.build(sentences, v.min_count, v.max_size, v.unk)
+def prefetched(items: Iterable, depth: int, pin: bool) -> Iterator:
+    """``items`` built ``depth`` ahead by a background thread (batches are numpy work that releases the GIL), in
+    pinned memory for a GPU's asynchronous copies; ``depth`` 0 builds each one when it is needed."""
+    if depth == 0:
+        yield from items
+        return
+    ready: queue.Queue = queue.Queue(depth)
+    done = object()
+    stop = threading.Event()
+
+    def fill():
+        try:
+            for item in items:
+                if pin:
+                    item = [b.pin_memory() for b in item]
+                while not stop.is_set():
+                    try:
+                        ready.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ready.put(done)
+        except BaseException as e:  # handed to the consumer, raised there
+            ready.put(e)
+
+    thread = threading.Thread(target=fill, daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+class LossModule(nn.Module):
+    """The model and its objective as one module: DistributedDataParallel then sees every parameter the loss uses
+    (a head is called after the LSTM, outside the model's own forward)."""
+
+    def __init__(self, model: LSTMLM, objective):
+        super().__init__()
+        self.model = model
+        self.objective = objective
+
+    def forward(self, batch: Batch, state):
+        hidden, state = self.model(batch.inputs, state)
+        h, targets = flatten(hidden, batch)
+        out = self.objective(self.model.head, h, targets)
+        return out.loss, out.nll.detach(), state
 
 
 def training_device(name: str) -> torch.device:
@@ -150,19 +239,19 @@ def training_device(name: str) -> torch.device:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, vocab: Vocabulary):
+    def __init__(self, cfg: Config, run_dir: Path, vocab: Vocabulary, dist: Distributed):
         self.cfg = cfg
         self.run_dir = run_dir
         self.vocab = vocab
-        self.log = MetricsLog(run_dir / "metrics.jsonl")
-        self.data = load_data(cfg, vocab)
+        self.dist = dist
+        self.log = MetricsLog(run_dir / "metrics.jsonl", enabled=dist.is_main)
+        self.data = load_data(cfg, vocab, run_dir)
         for name in ("train", "valid", "test"):
             corpus = getattr(self.data, name)
             if corpus is not None:
-                print(
+                self._say(
                     f"{name}: {corpus.path}: {corpus.num_sentences} sentences, {corpus.num_words} words, "
-                    f"OOV rate {100 * corpus.oov_rate:.2f}%",
-                    file=sys.stderr,
+                    f"OOV rate {100 * corpus.oov_rate:.2f}%"
                 )
                 self.log.write(
                     "data",
@@ -175,16 +264,31 @@ class Trainer:
         self.train_batches = make_batcher(cfg, self.data.train, vocab, training=True)
         self.valid_batches = make_batcher(cfg, self.data.valid, vocab, training=False)
         if getattr(self.train_batches, "skipped", 0):
-            print(
-                f"train: skipping {self.train_batches.skipped} sentences longer than {cfg.data.max_sentence_len} words",
-                file=sys.stderr,
+            self._say(
+                f"train: skipping {self.train_batches.skipped} sentences longer than {cfg.data.max_sentence_len} words"
             )
-        self.device = training_device(cfg.train.device)
+        parts = dist.world * cfg.train.accumulate
+        if cfg.train.batch_size % parts or (cfg.data.mode == "stream" and cfg.train.batch_size < parts):
+            raise ValueError(
+                f"train.batch_size = {cfg.train.batch_size} (the global batch) must be a multiple of "
+                f"{dist.world} ranks x train.accumulate {cfg.train.accumulate}"
+            )
+        self.device = dist.device
         torch.manual_seed(cfg.train.seed)
         self.model = LSTMLM(len(vocab), cfg.model, cfg.head, vocab.tokens)
         self.model.head.init_bias(torch.tensor(vocab.target_log_prior()), set_bias=cfg.head.bias_init == "unigram")
         self.model.to(self.device)  # built and initialised on the CPU, so a seed gives the same start on any device
         self.objective = build_objective(cfg.objective)
+        self.loss = LossModule(self.model, self.objective)
+        if dist.active:
+            # find_unused_parameters: a step may leave parameters without a gradient (adaptive clusters no target
+            # falls in); DDP then reduces zeros for them instead of waiting forever
+            self.loss = nn.parallel.DistributedDataParallel(
+                self.loss,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=True,
+                broadcast_buffers=False,
+            )
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.state = {
@@ -198,69 +302,126 @@ class Trainer:
             "best_valid_ppl": None,
             "bad_epochs": 0,
             "finished": None,
-            "data_fingerprint": [file_fingerprint(self.data.train.path)],
+            "data_fingerprint": PreparedDataset(training_dataset(cfg, run_dir)).splits["train"]["inputs"],
         }
-        self.carried = None  # stream mode: LSTM state carried into the next batch after an interruption
+        self.carried = None  # stream mode: the whole batch's LSTM state carried into the next step after a stop
         n_params = sum(p.numel() for p in self.model.parameters())
-        print(f"model: {n_params:,} parameters, vocabulary {len(vocab)}, head {cfg.head.type}", file=sys.stderr)
+        self._say(
+            f"model: {n_params:,} parameters, vocabulary {len(vocab)}, head {cfg.head.type}"
+            + (f"; rank 0 of {dist.world} ({dist.device})" if dist.active else "")
+        )
+
+    def _say(self, text: str) -> None:
+        if self.dist.is_main:
+            print(text, file=sys.stderr)
 
     @classmethod
     def fresh(cls, cfg: Config, run_dir: Path) -> Trainer:
-        if (run_dir / "checkpoints").exists():
-            raise CheckpointError(
-                f"{run_dir}: already has checkpoints; pass --resume to continue, or choose another --out"
-            )
-        run_dir.mkdir(parents=True, exist_ok=True)
+        dist = setup(training_device(cfg.train.device))
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        vocab = build_vocab(cfg)
-        vocab.save(run_dir / "vocab.tsv")
-        atomic_write_text(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
-        return cls(cfg, run_dir, vocab)
+        if dist.is_main:
+            error = None
+            if (run_dir / "checkpoints").exists():
+                error = f"{run_dir}: already has checkpoints; pass --resume to continue, or choose another --out"
+            else:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    prepare_run_data(cfg, run_dir)
+                except ValueError as e:  # CorpusError, VocabError, ...: every rank reports it
+                    error = str(e)
+                else:
+                    atomic_write_text(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+        error = dist.broadcast_object(error if dist.is_main else None)
+        if error:
+            raise CheckpointError(error) if "checkpoints" in error else ValueError(error)
+        vocab = PreparedDataset(training_dataset(cfg, run_dir)).vocab
+        if cfg.vocab.file and dist.is_main:
+            given = Vocabulary.load(expand_data_path(cfg.vocab.file))
+            if given.tokens != vocab.tokens:
+                raise ValueError(
+                    f"vocab.file = {cfg.vocab.file}: vocabulary mismatch with {training_dataset(cfg, run_dir)}"
+                )
+        if dist.is_main:
+            vocab.save(run_dir / "vocab.tsv")
+        return cls(cfg, run_dir, vocab, dist)
 
     @classmethod
     def resume(cls, run_dir: Path) -> Trainer:
         ckpt = resolve_checkpoint(run_dir, "latest")
         cfg = config_from_dict(json.loads((ckpt / "config.json").read_text()), str(ckpt / "config.json"))
+        dist = setup(training_device(cfg.train.device))
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        trainer = cls(cfg, run_dir, Vocabulary.load(ckpt / "vocab.tsv"))
+        trainer = cls(cfg, run_dir, Vocabulary.load(ckpt / "vocab.tsv"), dist)
         load_weights(trainer.model, ckpt / "model.safetensors")
         state, carried = load_training_state(ckpt, trainer.optimizer)
         trainer.carried = None if carried is None else tuple(t.to(trainer.device) for t in carried)
         trainer.scheduler.load_state_dict(state.pop("scheduler"))
         trainer.state = state
         trainer.log.write("resume", checkpoint=ckpt.name, epochs_done=state["epochs_done"], batch=state["batch"])
-        print(f"resuming from {ckpt}", file=sys.stderr)
+        trainer._say(f"resuming from {ckpt}")
         return trainer
 
+    @classmethod
+    def fresh_or_resume(cls, cfg: Config, run_dir: Path) -> Trainer:
+        """Resume ``run_dir`` when it has a checkpoint (its config must be ``cfg``), else start it: the one command
+        that ``torchrun --max-restarts`` can run again after a rank died."""
+        try:
+            ckpt = resolve_checkpoint(run_dir, "latest")
+        except CheckpointError:
+            return cls.fresh(cfg, run_dir)
+        saved = json.loads((ckpt / "config.json").read_text())
+        if saved != cfg.to_dict():
+            changed = sorted(
+                f"{section}.{key}"
+                for section, body in cfg.to_dict().items()
+                for key, value in body.items()
+                if saved.get(section, {}).get(key) != value
+            )
+            raise CheckpointError(
+                f"{run_dir}: its config differs from this one ({', '.join(changed)}); use another --out"
+            )
+        return cls.resume(run_dir)
+
     # -- the loop --------------------------------------------------------------------------------------------
+
+    @property
+    def parts(self) -> int:
+        """Parts of each step's global batch: one per rank and accumulated micro-batch."""
+        return self.dist.world * self.cfg.train.accumulate
+
+    def _my_parts(self) -> list[int]:
+        return [k * self.dist.world + self.dist.rank for k in range(self.cfg.train.accumulate)]
 
     def fit(self) -> dict:
         cfg, st = self.cfg, self.state
         self._clock = (st["wall_seconds"], time.perf_counter())
-        with _StopFlag() as stop:
-            while st["finished"] is None:
-                if st["epochs_done"] >= cfg.train.epochs:
-                    st["finished"] = "epochs"
-                    break
-                outcome = self._train_epoch(stop)
-                if outcome == "interrupted":
-                    path = self._save(carried=self.carried)
-                    self.log.write("interrupted", checkpoint=path.name, tokens_seen=st["tokens_seen"])
-                    raise TrainingInterrupted(f"saved {path}; continue with: lm-train fit --resume {self.run_dir}")
-                path = self._end_epoch(budget_spent=outcome == "budget")
-                if stop.raised:
-                    raise TrainingInterrupted(f"saved {path}; continue with: lm-train fit --resume {self.run_dir}")
-        return self._finish()
+        try:
+            with _StopFlag() as stop:
+                while st["finished"] is None:
+                    if st["epochs_done"] >= cfg.train.epochs:
+                        st["finished"] = "epochs"
+                        break
+                    outcome = self._train_epoch(stop)
+                    if outcome == "interrupted":
+                        path = self._save(carried=self.carried)
+                        self.log.write("interrupted", checkpoint=path.name, tokens_seen=st["tokens_seen"])
+                        raise TrainingInterrupted(f"saved {path}; continue with: lm-train fit --resume {self.run_dir}")
+                    path = self._end_epoch(budget_spent=outcome == "budget")
+                    if self.dist.sum([float(stop.raised)])[0]:
+                        raise TrainingInterrupted(f"saved {path}; continue with: lm-train fit --resume {self.run_dir}")
+            return self._finish()
+        finally:
+            self.dist.close()
 
     def _train_epoch(self, stop: _StopFlag) -> str:
-        cfg, st, model = self.cfg, self.state, self.model
+        cfg, st = self.cfg, self.state
         epoch = st["epochs_done"]
         budget = cfg.train.max_tokens
-        model.train()
-        state = self.carried
-        total = self.train_batches.num_batches(epoch)
+        self.model.train()
+        states = self._carried_parts()
+        total = self.train_batches.num_batches(epoch, self.parts)
         lr = self.optimizer.param_groups[0]["lr"]
         bar = tqdm(
             total=total,
@@ -270,12 +431,18 @@ class Trainer:
             mininterval=1.0 if sys.stderr.isatty() else 30.0,
             dynamic_ncols=True,
             leave=False,
+            disable=not self.dist.is_main,
         )
         window_nll, window_tokens, window_start = 0.0, 0, time.perf_counter()
         outcome = "done"
-        for batch in self.train_batches.batches(epoch, start=st["batch"]):
+        steps = self.train_batches.steps_of(epoch, st["batch"], self.dist.rank, self.dist.world, cfg.train.accumulate)
+        for micro in prefetched(steps, cfg.train.prefetch, pin=self.device.type == "cuda"):
             t0 = time.perf_counter()
-            nll, n, state = self.step(batch, state)
+            result = self.step(micro, states, stop.raised)
+            if result is None:  # a rank was asked to stop: every rank stops before this step
+                outcome = "interrupted"
+                break
+            nll, n, states = result
             st["train_seconds"] += time.perf_counter() - t0
             if not math.isfinite(nll):
                 raise FloatingPointError(f"training loss is {nll} at epoch {epoch + 1}, batch {st['batch']}")
@@ -307,32 +474,74 @@ class Trainer:
             if budget and st["tokens_seen"] >= budget:
                 outcome = "budget"
                 break
-            if stop.raised:
-                outcome = "interrupted"
-                break
         bar.close()
-        self.carried = state if outcome == "interrupted" else None
+        self.carried = self._gather_carried(states) if outcome == "interrupted" else None
         return outcome
 
-    def step(self, batch: Batch, state):
-        """One optimisation step; returns (summed NLL, predicted tokens, LSTM state to carry or None)."""
-        cfg, model = self.cfg, self.model
-        batch = batch.to(self.device)
-        hidden, state = model(batch.inputs, state)
-        state = tuple(s.detach() for s in state) if self.train_batches.carries_state else None
-        h, targets = flatten(hidden, batch)
-        out = self.objective(model.head, h, targets)
-        denominator = batch.num_sequences if cfg.train.loss_reduction == "sequence_sum" else len(targets)
+    def step(self, micro: list[Batch], states: list, stop: bool):
+        """One optimisation step over this rank's micro-batches; returns (summed NLL over all ranks, tokens over all
+        ranks, LSTM states to carry), or None when any rank was asked to stop (then no rank takes the step).
+
+        Every micro-batch's summed loss is divided by the *global* number of sequences (or tokens) of the step and
+        multiplied by the world size, which DDP's gradient average divides out again: W ranks x K micro-batches then
+        compute the gradient one process computes on the whole batch."""
+        cfg, st, dist = self.cfg, self.state, self.dist
+        sequences, tokens, stopping = dist.sum(
+            [sum(b.num_sequences for b in micro), sum(b.num_tokens for b in micro), float(stop)]
+        )
+        if stopping:
+            return None
+        denominator = sequences if cfg.train.loss_reduction == "sequence_sum" else tokens
+        scale = dist.world / denominator
+        carries = self.train_batches.carries_state
         self.optimizer.zero_grad(set_to_none=True)
-        (out.loss / denominator).backward()
+        nll, new_states = 0.0, []
+        for k, (part, batch, state) in enumerate(zip(self._my_parts(), micro, states, strict=True)):
+            torch.manual_seed(step_seed(cfg.train.seed, st["epochs_done"], st["batch"], part))
+            last = k == len(micro) - 1
+            sync = contextlib.nullcontext() if last or not dist.active else self.loss.no_sync()
+            with sync, self._autocast():
+                loss, part_nll, state = self.loss(batch.to(self.device), state)
+                (loss.float() * scale).backward()
+            nll += part_nll.item()
+            new_states.append(tuple(s.detach() for s in state) if carries else None)
         if cfg.train.clip_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.clip_norm)
         self.optimizer.step()
-        return out.nll.item(), len(targets), state
+        (nll,) = dist.sum([nll])
+        return nll, int(tokens), new_states
+
+    def _autocast(self):
+        if self.cfg.train.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _carried_parts(self) -> list:
+        """This rank's share of the carried state of the whole batch (saved in part order), one per micro-batch."""
+        if self.carried is None:
+            return [None] * self.cfg.train.accumulate
+        sizes = [len(p) for p in np.array_split(np.arange(self.cfg.train.batch_size), self.parts)]
+        pieces = [torch.split(t, sizes, dim=1) for t in self.carried]
+        return [(pieces[0][p].contiguous(), pieces[1][p].contiguous()) for p in self._my_parts()]
+
+    def _gather_carried(self, states: list):
+        """The carried state of the whole batch, its parts in order (so a resumed run may use other W or K)."""
+        if not self.train_batches.carries_state or states[0] is None:
+            return None
+        mine = {p: tuple(t.cpu() for t in s) for p, s in zip(self._my_parts(), states, strict=True)}
+        if self.dist.active:
+            everyone = [None] * self.dist.world
+            torch.distributed.all_gather_object(everyone, mine)
+            mine = {p: s for ranks in everyone for p, s in ranks.items()}
+        ordered = [mine[p] for p in range(self.parts)]
+        return tuple(torch.cat([s[i] for s in ordered], dim=1).to(self.device) for i in range(2))
+
+    def _evaluate(self, batcher) -> EvalResult:
+        return evaluate(self.model, batcher, self.vocab.unk_id, self.dist)
 
     def _end_epoch(self, budget_spent: bool) -> Path:
         cfg, st = self.cfg, self.state
-        valid = evaluate(self.model, self.valid_batches, self.vocab.unk_id)
+        valid = self._evaluate(self.valid_batches)
         train_ppl = math.exp(st["epoch_nll"] / max(1, st["epoch_tokens"]))
         st["epochs_done"] += 1
         st["batch"] = 0
@@ -347,10 +556,9 @@ class Trainer:
             tokens_per_s=st["tokens_seen"] / st["train_seconds"],
             **valid.to_dict(),
         )
-        print(
+        self._say(
             f"epoch {st['epochs_done']}: train ppl {train_ppl:.2f}, valid ppl {valid.ppl:.2f}, lr {lr:.4g}, "
-            f"{st['tokens_seen'] / st['train_seconds']:.0f} tokens/s",
-            file=sys.stderr,
+            f"{st['tokens_seen'] / st['train_seconds']:.0f} tokens/s"
         )
         improved = st["best_valid_ppl"] is None or valid.ppl < st["best_valid_ppl"]
         if improved:
@@ -370,19 +578,25 @@ class Trainer:
         elif st["epochs_done"] >= cfg.train.epochs:
             st["finished"] = "epochs"
         path = self._save()
-        if improved:
-            mark_best(self.run_dir, path.name)
-        prune_checkpoints(self.run_dir)
-        plot_curves(self.log.read(), self.run_dir / "curves.png", str(self.run_dir.name))
+        if self.dist.is_main:
+            if improved:
+                mark_best(self.run_dir, path.name)
+            prune_checkpoints(self.run_dir)
+            plot_curves(self.log.read(), self.run_dir / "curves.png", str(self.run_dir.name))
+        self.dist.barrier()  # the best checkpoint exists before any rank may read it
         return path
 
     def _save(self, carried=None) -> Path:
+        """Rank 0 writes the checkpoint (weights and optimiser state are the same on every rank)."""
         st = self.state
         base, since = self._clock
         st["wall_seconds"] = base + time.perf_counter() - since
+        name = checkpoint_name(st["epochs_done"], st["batch"])
+        if not self.dist.is_main:
+            return self.run_dir / "checkpoints" / name
         return save_checkpoint(
             self.run_dir,
-            checkpoint_name(st["epochs_done"], st["batch"]),
+            name,
             model=self.model,
             optimizer=self.optimizer,
             config=self.cfg,
@@ -404,15 +618,17 @@ class Trainer:
             "train_seconds": st["train_seconds"],
             "wall_seconds": st["wall_seconds"],
             "tokens_per_s": st["tokens_seen"] / st["train_seconds"],
-            "valid": evaluate(self.model, self.valid_batches, self.vocab.unk_id).to_dict(),
+            "world_size": self.dist.world,
+            "valid": self._evaluate(self.valid_batches).to_dict(),
             "valid_oov_rate": self.data.valid.oov_rate,
         }
         if self.data.test is not None:
             test_batches = make_batcher(self.cfg, self.data.test, self.vocab, training=False)
-            results["test"] = evaluate(self.model, test_batches, self.vocab.unk_id).to_dict()
+            results["test"] = self._evaluate(test_batches).to_dict()
             results["test_oov_rate"] = self.data.test.oov_rate
             self.log.write("test", **results["test"])
-        atomic_write_text(self.run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+        if self.dist.is_main:
+            atomic_write_text(self.run_dir / "results.json", json.dumps(results, indent=2) + "\n")
         return results
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from training.atomic import atomic_write_text
@@ -45,16 +45,21 @@ class Vocabulary:
     def build(
         cls, sentences: Iterable[list[str]], min_count: int = 1, max_size: int = 0, unk: str = "<unk>"
     ) -> Vocabulary:
-        """Keep words seen at least ``min_count`` times, then the most frequent ones up to ``max_size`` entries in
-        all (specials included). The data's own ``unk`` token (PTB writes <unk>) is the <unk> entry, not a word."""
         counts: Counter[str] = Counter()
         num_sentences = 0
         for tokens in sentences:
             counts.update(tokens)
             num_sentences += 1
+        return cls.from_counts(counts, num_sentences, min_count, max_size, unk)
+
+    @classmethod
+    def from_counts(
+        cls, counts: Mapping[str, int], num_sentences: int, min_count: int = 1, max_size: int = 0, unk: str = "<unk>"
+    ) -> Vocabulary:
+        """Keep words seen at least ``min_count`` times, then the most frequent ones up to ``max_size`` entries in
+        all (specials included). The data's own ``unk`` token (PTB writes <unk>) is the <unk> entry, not a word."""
+        counts = {w: c for w, c in counts.items() if w not in (BOS, EOS)}
         unk_count = counts.pop(unk, 0)
-        for special in (BOS, EOS):
-            counts.pop(special, None)
         words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
         if max_size:
             if max_size <= 3:
