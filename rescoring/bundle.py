@@ -26,7 +26,7 @@ The scores of all three graphs are the same function: summing ``step`` scores wo
 ``sentences`` score. ``normalisation`` says what that function is, as measured at export
 (``training.export.normalisation_label``): ``exact`` — true log-probabilities; ``self-normalised`` — the head's
 unnormalised scores (one dot product per word), trained so that they approximate log-probabilities, and measured on
-held-out text to do so (``heldout.logz_mean``/``logz_std``: |mean| <= 0.1 and std <= 0.3); or ``unnormalised`` —
+held-out text to do so (``heldout.logz_mean``/``logz_std``: |mean| <= 0.1 and std <= 0.5); or ``unnormalised`` —
 such scores whose held-out log Z is further from 0: a usable log-linear feature, but not a log-probability, so
 ``lm-rescore`` does not mix them with n-gram probabilities word by word unless asked to.
 

@@ -41,11 +41,11 @@ FORMAT_VERSION = 2  # rescoring/bundle.py documents and reads this version
 OPSET = 17
 # Exact fp32 graphs must reproduce PyTorch to this per-token tolerance, or export fails.
 PARITY_TOLERANCE = 1e-4
-# Unnormalised scores count as self-normalised when the held-out log Z (nats per token) stays this close to 0: a mean
-# of 0.1 biases a sentence's score by 0.1 nats a word (perplexity within 10.5%), a spread of 0.3 keeps a 20-word
-# sentence's score within about ±1.3 nats if the errors were independent.
+# Unnormalised scores count as self-normalised when the held-out log Z (nats per token) stays this close to 0: the
+# self-normalisation target of this project (BENCHMARKS.md, selfnorm_ptb.json). A mean of 0.1 biases a sentence's
+# score by 0.1 nats a word (perplexity within 10.5%); the spread says how far single words stray.
 SELFNORM_MAX_ABS_MEAN = 0.1
-SELFNORM_MAX_STD = 0.3
+SELFNORM_MAX_STD = 0.5
 
 
 def normalisation_label(self_normalised: bool, logz_mean: float, logz_std: float) -> str:

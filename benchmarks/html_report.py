@@ -1,0 +1,115 @@
+"""The HTML error analysis of a real run: generation time and size for dev_other -> html_report.json, and screenshots.
+
+    make demo    # var/bundles/demo, var/ngrams/demo_3gram.bin, var/rescore/demo.weights.json and the LM score cache
+    python -m benchmarks.html_report [--screenshots docs]
+
+The rescoring itself (LM scores from the cache ``lm-rescore nbest`` left, features, reranking, the report with its
+paired bootstrap) is done once; what is timed is what ``--html`` adds: ``rescoring.report_html.write_html`` (two jiwer
+alignments per utterance, confusion pairs, lengths, every hypothesis with its features as JSON, the atomic write),
+best and median of 3 runs. Target: at most 5 s for dev_other's 2,864 utterances.
+
+``--screenshots DIR`` renders the page with headless Chromium (Debian's ``chromium``) once per filter, each
+pre-selected in the URL (``#filter=worsened&open=1``: the first utterance of the filter opened), and writes
+``DIR/html_report_FILTER.png``; look at them before trusting the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import ROOT, write_result
+from rescoring.nbest import read_nbest
+from rescoring.report_html import write_html
+from rescoring.rescore import LanguageModels, report, reranked, setup_from_record, setup_record
+from rescoring.tune import read_weights
+from training.config import DEFAULT_DATA_DIR
+
+FILTERS = ("all", "changed", "improved", "worsened", "unchanged")
+TARGET_SECONDS = 5.0
+
+
+def chromium_command(url: str, png: Path, profile: str, size: str) -> list[str]:
+    """Headless Chromium that fetches nothing besides the page (no GPU, QUIC, first-run, sync, updates)."""
+    return [
+        shutil.which("chromium") or "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        f"--window-size={size}",
+        f"--screenshot={png}",
+        url,
+    ]
+
+
+def screenshots(page: Path, out: Path, size: str = "1400,1800") -> list[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    for name in FILTERS:
+        png = out / f"html_report_{name}.png"
+        with tempfile.TemporaryDirectory() as profile:
+            command = chromium_command(f"file://{page.resolve()}#filter={name}&open=1", png, profile, size)
+            subprocess.run(command, check=True, capture_output=True, timeout=120)
+        print(" ".join(command[:-3] + ["--user-data-dir=$(mktemp -d)", *command[-2:]]))
+        made.append(str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png))
+    return made
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights", type=Path, default=ROOT / "var" / "rescore" / "demo.weights.json")
+    parser.add_argument("--cache", type=Path, default=ROOT / "var" / "rescore" / "dev_other.lmscores.jsonl")
+    parser.add_argument("--out", type=Path, default=ROOT / "var" / "rescore" / "dev_other.report.html")
+    parser.add_argument("--screenshots", type=Path, help="folder for PNG screenshots of every filter (Chromium)")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    record = read_weights(args.weights)
+    saved = record["setup"]
+    nbest = read_nbest(DEFAULT_DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz")
+    models = LanguageModels.load(saved["lm"], saved["ngram"], saved["normalize"], threads=1)
+    setup = setup_from_record(record)
+    ranked, chosen = reranked(nbest, setup, models.scores(nbest, args.cache))
+    rep = report(nbest, chosen, record["metric"])
+    rep.update(weights={"file": str(args.weights), **record["weights"]}, setup=setup_record(models, setup))
+    rep["normalisation"] = models.normalisation
+    seconds = []
+    for _ in range(args.runs):
+        start = time.perf_counter()
+        write_html(args.out, rep, nbest, ranked, chosen)
+        seconds.append(time.perf_counter() - start)
+    size = args.out.stat().st_size
+    print(f"{args.out}: {size / 1e6:.1f} MB in {min(seconds):.2f} s (median {statistics.median(seconds):.2f} s)")
+    made = screenshots(args.out, args.screenshots) if args.screenshots else []
+    write_result(
+        "html_report",
+        {
+            "utterances": len(nbest),
+            "hypotheses": nbest.num_hypotheses,
+            "seconds_best": round(min(seconds), 3),
+            "seconds_median": round(statistics.median(seconds), 3),
+            "target_seconds": TARGET_SECONDS,
+            "meets_target": min(seconds) <= TARGET_SECONDS,
+            "bytes": size,
+        },
+        list="librispeech-nbest/dev_other.tar.gz",
+        weights=str(args.weights.relative_to(ROOT) if args.weights.is_relative_to(ROOT) else args.weights),
+        wer={name: rep[name]["wer"] for name in ("1best", "rescored", "oracle")},
+        changed_choices=rep["changed_choices"],
+        screenshots=made,
+    )
+
+
+if __name__ == "__main__":
+    main()
