@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     rescore.add_argument("--kbest", action="store_true", help="MT k-best lists: RescoreKBest, evaluated with BLEU")
     rescore.add_argument("--out", type=Path, help="reranked lists to write (with every feature and 'rescore')")
     rescore.add_argument("--out-format", choices=sorted(FORMATS), default="jsonl")
+    rescore.add_argument("--html", type=Path, help="HTML error analysis to write (needs references)")
     rescore.set_defaults(func=_rescore)
 
     models = calls.add_parser("models", help="the server's models (ListModels), as JSON")
@@ -179,8 +180,11 @@ def _rescore(args) -> int:
     with _client(args) as client:
         call = client.rescore_kbest if args.kbest else client.rescore_nbest
         result = call(nbest, args.model, **combination)
+        info = client.model_info(result.model) if args.html else None
     if args.out:
         write_nbest(messages.ranked_lists(result), args.out, args.out_format)
+    if args.html:
+        _write_html(args.html, nbest, result, info)
     summary = {"model": result.model, "profile": result.profile, "lists": len(result.lists)}
     summary["weights"] = {w.feature: w.weight for w in result.weights}
     if result.HasField("evaluation"):
@@ -196,6 +200,22 @@ def _rescore(args) -> int:
         }
     print(json.dumps(summary, indent=2, ensure_ascii=False))
     return 0
+
+
+def _write_html(path: Path, nbest, result, info) -> None:
+    """``lm-rescore nbest --html``'s page from the server's answer: its ranked lists (the chosen hypothesis first,
+    each with its original rank), its report, and the model's normalisation."""
+    from rescoring.report_html import write_html
+
+    if not result.HasField("evaluation"):
+        raise ValueError("--html: the server returned no evaluation (the lists need references)")
+    ranked = messages.ranked_lists(result)
+    chosen = [entry.hypotheses[0].rank - 1 for entry in ranked]
+    rep = json.loads(result.evaluation.report_json)
+    rep["weights"] = {w.feature: w.weight for w in result.weights}
+    rep["setup"] = {"server model": result.model, "profile": result.profile, "lambda": result.interpolation_weight}
+    rep["normalisation"] = messages.normalisation_name(info.normalisation)
+    write_html(path, rep, nbest, ranked, chosen)
 
 
 def _models(args) -> int:

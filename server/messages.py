@@ -30,6 +30,11 @@ def normalisation(model: ServedModel) -> int:
     return NORMALISATIONS[model.lm.scorer.normalisation]
 
 
+def normalisation_name(value: int) -> str | None:
+    """The wire enum back to the bundle's label (None for unspecified)."""
+    return next((name for name, v in NORMALISATIONS.items() if v == value), None)
+
+
 # -- ScoreSentences ---------------------------------------------------------------------------------------------
 
 

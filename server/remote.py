@@ -15,7 +15,7 @@ from tqdm import tqdm
 from rescoring.lmscores import HypothesisScores, load_or_compute, texts_fingerprint
 from rescoring.nbest import NBestList
 from server.client import LMServeClient
-from server.messages import NORMALISATIONS
+from server.messages import normalisation_name
 
 SENTENCES_PER_CALL = 256  # halved while the server answers RESOURCE_EXHAUSTED (its max_sentences is lower)
 
@@ -41,7 +41,7 @@ class RemoteLanguageModels:
         except grpc.RpcError as error:
             raise RemoteError.of(client.target, error) from error
         self.model = self.info.name
-        self.normalisation = {v: k for k, v in NORMALISATIONS.items()}.get(self.info.normalisation)
+        self.normalisation = normalisation_name(self.info.normalisation)
         self.per_call = SENTENCES_PER_CALL
         self.paths = {
             "server": client.target,

@@ -389,6 +389,23 @@ def test_client_cli(server, client, tmp_path, monkeypatch, capsys):
     assert "NOT_FOUND: unknown model 'nope'" in capsys.readouterr().err
 
 
+def test_client_rescore_writes_the_html_report(server, tmp_path, capsys):
+    """``lm-serve client rescore --html``: the page of ``lm-rescore nbest --html`` from the server's answer."""
+    from test_report_html import assert_offline, page_data
+
+    lists, out, page = tmp_path / "lists.jsonl", tmp_path / "out.jsonl", tmp_path / "report.html"
+    write_nbest(noisy_lists(6, 17), lists, "jsonl")
+    target = ["client", "--server", server[0], "rescore", str(lists), "--model", "exact", "--profile", "dev"]
+    assert serve_main([*target, "--out", str(out), "--html", str(page)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    html = page.read_text()
+    assert_offline(html)
+    data = page_data(html)
+    assert data["report"]["rescored"]["wer"] == pytest.approx(summary["evaluation"]["rescored"])
+    assert data["report"]["normalisation"] == "exact"
+    assert [u["k"] for u in data["utterances"]] == [e.hypotheses[0].rank for e in read_nbest(out)]
+
+
 def test_lm_rescore_with_server_scores_as_the_loaded_models_do(server, setup_dir, tmp_path, capsys):
     """``lm-rescore --server``: the service's per-token scores equal the ones of the same models loaded here, and a
     weights file tuned through the server sends ``nbest`` back to it. 120 hypotheses against the server's limit of
