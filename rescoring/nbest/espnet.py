@@ -13,6 +13,7 @@ The writer writes the same layout (values as ``tensor(...)`` with full precision
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import tarfile
@@ -59,17 +60,25 @@ def dump_files(path: Path) -> dict[str, tuple[str, str]]:
         return {rel: (str(file), read_text(file)) for rel, file in folder_files(path).items()}
     found: dict[str, tuple[str, str]] = {}
     root = None
-    with tarfile.open(path, "r|*") as tar:  # streamed: one pass over the archive
-        for member in tar:
-            match = DUMP_FILE.fullmatch(member.name)
-            if not match or not member.isfile():
-                continue
-            if root is None:
-                root = match["root"]
-            elif match["root"] != root:
-                raise NBestFormatError(path, f"holds dumps under {root!r} and {match['root']!r}; expected one")
-            name = f"{path}[{member.name}]"
-            found[match["rel"]] = (name, decode(tar.extractfile(member).read(), name))
+    # streamed: one pass over the archive. gzip's own reader, not tarfile's: tarfile takes a truncated stream for the
+    # end of the archive, and a tarball cut short would read as a list of fewer ranks, without error
+    with gzip.open(path, "rb") as stream:
+        try:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in tar:
+                    match = DUMP_FILE.fullmatch(member.name)
+                    if not match or not member.isfile():
+                        continue
+                    if root is None:
+                        root = match["root"]
+                    elif match["root"] != root:
+                        raise NBestFormatError(path, f"holds dumps under {root!r} and {match['root']!r}; expected one")
+                    name = f"{path}[{member.name}]"
+                    found[match["rel"]] = (name, decode(tar.extractfile(member).read(), name))
+            while stream.read(1 << 20):  # to the end of the gzip stream: EOFError if it was cut short
+                pass
+        except TypeError as e:  # what tarfile raises on some truncated gzip headers
+            raise NBestFormatError(path, f"not a readable .tar.gz ({e})") from None
     return found
 
 
