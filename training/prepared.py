@@ -34,6 +34,7 @@ import numpy as np
 
 from training.atomic import atomic_directory
 from training.corpus import (
+    BLOCK_BYTES,
     BlockIds,
     CorpusError,
     EncodedCorpus,
@@ -177,10 +178,11 @@ def prepare(
     out: str | Path,
     settings: VocabSettings = VocabSettings(),
     workers: int = 2,
-    log=sys.stderr,
+    log=None,
+    block_bytes: int = BLOCK_BYTES,
 ) -> dict:
     """Text files by split (``train`` required) -> a prepared dataset at ``out``; returns its manifest."""
-    out = Path(out)
+    out, log = Path(out), log or sys.stderr
     unknown = set(inputs) - set(SPLITS)
     if unknown:
         raise ValueError(f"unknown split(s) {sorted(unknown)}: expected {', '.join(SPLITS)}")
@@ -213,7 +215,7 @@ def prepare(
             offsets.write(np.zeros(1, dtype="<i8"))
             words = sentences = 0
             for path in split_paths:
-                blocks = text_blocks(path, settings.lowercase)
+                blocks = text_blocks(path, settings.lowercase, block_bytes)
                 for part in _tokenised(blocks, workers):
                     spill.write(provisional.add(part, training=split == "train").tobytes())
                     offsets.write((words + np.cumsum(part.lengths)).astype("<i8"))
