@@ -4,13 +4,14 @@
     python -m benchmarks.html_report [--screenshots docs]
 
 The rescoring itself (LM scores from the cache ``lm-rescore nbest`` left, features, reranking, the report with its
-paired bootstrap) is done once; what is timed is what ``--html`` adds: ``rescoring.report_html.write_html`` (two jiwer
+paired bootstrap, the leakage check against the bundle's training text) is done once; what is timed is what ``--html`` adds: ``rescoring.report_html.write_html`` (two jiwer
 alignments per utterance, confusion pairs, lengths, every hypothesis with its features as JSON, the atomic write),
 best and median of 3 runs. Target: at most 5 s for dev_other's 2,864 utterances.
 
 ``--screenshots DIR`` renders the page with headless Chromium (Debian's ``chromium``) once per filter, each
 pre-selected in the URL (``#filter=worsened&open=1``: the first utterance of the filter opened), and writes
-``DIR/html_report_FILTER.png``; look at them before trusting the page.
+``DIR/html_report_FILTER.png`` (for ``changed`` with the opened utterance's hypotheses and features shown too); look
+at them before trusting the page.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from PIL import Image
+
 from benchmarks.common import ROOT, write_result
+from rescoring import overlap
 from rescoring.nbest import read_nbest
 from rescoring.report_html import write_html
 from rescoring.rescore import LanguageModels, report, reranked, setup_from_record, setup_record
@@ -60,9 +64,11 @@ def screenshots(page: Path, out: Path, size: str = "1400,1800") -> list[str]:
     for name in FILTERS:
         png = out / f"html_report_{name}.png"
         with tempfile.TemporaryDirectory() as profile:
-            command = chromium_command(f"file://{page.resolve()}#filter={name}&open=1", png, profile, size)
+            url = f"file://{page.resolve()}#filter={name}&open=1" + ("&features=1" if name == "changed" else "")
+            command = chromium_command(url, png, profile, size)
             subprocess.run(command, check=True, capture_output=True, timeout=120)
-        print(" ".join(command[:-3] + ["--user-data-dir=$(mktemp -d)", *command[-2:]]))
+        Image.open(png).convert("P", palette=Image.Palette.ADAPTIVE, colors=64).save(png, optimize=True)  # small
+        print(" ".join(command).replace(profile, "$(mktemp -d)"))
         made.append(str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png))
     return made
 
@@ -84,6 +90,10 @@ def main() -> None:
     rep = report(nbest, chosen, record["metric"])
     rep.update(weights={"file": str(args.weights), **record["weights"]}, setup=setup_record(models, setup))
     rep["normalisation"] = models.normalisation
+    texts = overlap.training_texts(models.scorer.bundle.manifest)  # what lm-rescore nbest checks by itself
+    refs = [e.references[0] for e in nbest]
+    leak = overlap.measure(refs, texts, ids=[e.id for e in nbest], reference_view=models.normalizer.normalize)
+    rep["overlap"] = {**leak.to_dict(), "warning": leak.warning()}
     seconds = []
     for _ in range(args.runs):
         start = time.perf_counter()

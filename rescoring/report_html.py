@@ -12,8 +12,8 @@ first reference.
 
 Why this shape: the file must open offline and be mailed around, so the data are one JSON block and the page is
 built from it by a little inline JavaScript (no libraries, no network); Python does the alignments once. A filter
-or an opened utterance can be chosen in the URL (``report.html#filter=worsened&open=1``), which is how the screenshots
-in ``docs/`` were taken.
+or opened utterances can be chosen in the URL (``report.html#filter=worsened&open=1``, ``&features=1`` to show
+their hypotheses' features too, ``&sort=-d`` to sort), which is how the screenshots in ``docs/`` were taken.
 """
 
 from __future__ import annotations
@@ -240,19 +240,19 @@ th{background:#f4f4f4}td.t,th.t{text-align:left}.mono{font-family:ui-monospace,m
 .detail td{background:#fafafa;text-align:left}
 table.al td{border:none;padding:0 4px;text-align:left;font-family:ui-monospace,monospace;white-space:nowrap}
 table.al td.S{background:#fff1b8}table.al td.D{background:#ffd6d6}table.al td.I{background:#d6f5dc}
-table.al td.lab{color:#777;font-weight:bold}.al-wrap{overflow-x:auto;max-width:95vw}
+table.al{margin:0 0 .5em}table.al td.lab{color:#777;font-weight:bold;width:4.5em}.al-wrap{overflow-x:auto;max-width:95vw}
 .warn{background:#fff4e5;border:1px solid #f0a030;padding:.4em .8em;border-radius:4px}
 figure{display:inline-block;margin:.5em 1em .5em 0}figcaption{color:#555;font-size:.9em}
-.small{color:#666;font-size:.9em}
+.small{color:#666;font-size:.9em}.side{display:flex;flex-wrap:wrap;gap:0 3em}
 </style></head><body>
 <h1>%TITLE%</h1>
 <div id="summary"></div>
 %PLOTS%
+<div id="tables" class="side"></div>
 <h2>Utterances</h2>
 <div class="filters" id="filters"></div>
 <p class="small" id="count"></p>
 <table id="utts"><thead><tr></tr></thead><tbody></tbody></table>
-<div id="tables"></div>
 <script type="application/json" id="data">%DATA%</script>
 <script>
 "use strict";
@@ -302,7 +302,8 @@ const COLS = [
   ["i", "#"], ["id", "utterance", "t"], ["n", "ref words"], ["s1", WER ? "1-best errors" : "1-best sBLEU"],
   ["sc", WER ? "rescored errors" : "rescored sBLEU"], ["d", "Δ"], ["k", "chosen rank"], ["st", "status", "t"],
 ];
-let filter = "all", sortKey = "i", sortDir = 1, opened = new Set();
+let filter = "all", sortKey = "i", sortDir = 1, opened = new Set(), showFeatures = false;
+const ALIGN_COLUMNS = 14;  // aligned words per line: long utterances wrap instead of running off the page
 function alignTable(ops, label) {
   const top = [], bot = [];
   for (const [op, r, h] of ops) {
@@ -312,14 +313,19 @@ function alignTable(ops, label) {
       bot.push(`<td class="${op === "=" ? "" : op}">${esc(h[j] !== undefined ? h[j] : "***")}</td>`);
     }
   }
-  return `<div class="al-wrap"><table class="al"><tr><td class="lab">REF</td>${top.join("")}</tr><tr><td class="lab">${label}</td>${bot.join("")}</tr></table></div>`;
+  const rows = [];
+  for (let k = 0; k < Math.max(top.length, 1); k += ALIGN_COLUMNS) {
+    rows.push(`<table class="al"><tr><td class="lab">REF</td>${top.slice(k, k + ALIGN_COLUMNS).join("")}</tr>` +
+      `<tr><td class="lab">${label}</td>${bot.slice(k, k + ALIGN_COLUMNS).join("")}</tr></table>`);
+  }
+  return `<div class="al-wrap">${rows.join("")}</div>`;
 }
 function detail(u) {
   const errs = ops => { const c = {S: 0, D: 0, I: 0}; ops.forEach(([op, r, h]) => { if (op !== "=") c[op] += Math.max(r.length, h.length); }); return `S ${c.S}, D ${c.D}, I ${c.I}`; };
   let s = `<p><b>1-best</b> (rank 1; ${WER ? errs(u.a1) : "sentence BLEU " + fmt(u.s1)})</p>${alignTable(u.a1, "1-BEST")}`;
   s += `<p><b>chosen</b> (rank ${u.k}; ${WER ? errs(u.ac) : "sentence BLEU " + fmt(u.sc)})</p>${alignTable(u.ac, "CHOSEN")}`;
   if (!WER) s += `<p class="small">aligned against the first reference; sentence BLEU uses all of them</p>`;
-  s += `<details data-i="${u.i}"><summary>all ${u.h.length} hypotheses with their features (reranked order)</summary><div></div></details>`;
+  s += `<details data-i="${u.i}"${showFeatures ? " open" : ""}><summary>all ${u.h.length} hypotheses with their features (reranked order)</summary><div>${showFeatures ? featureTable(u) : ""}</div></details>`;
   return s;
 }
 function featureTable(u) {
@@ -350,18 +356,19 @@ function readHash() {
   const p = new URLSearchParams(location.hash.slice(1));
   if (p.get("filter") in FILTERS) filter = p.get("filter");
   if (p.get("sort")) { sortKey = p.get("sort").replace(/^-/, ""); sortDir = p.get("sort").startsWith("-") ? -1 : 1; }
+  showFeatures = p.get("features") === "1";
   const open = parseInt(p.get("open") || "0", 10);
   if (open > 0) { opened = new Set(D.utterances.filter(FILTERS[filter]).slice(0, open).map(u => u.i)); }
 }
 function tables() {
   let s = "";
   if (D.by_length) {
-    s += `<h2>WER by utterance length</h2><table><tr><th class="t">reference words</th><th>utterances</th><th>words</th><th>1-best WER %</th><th>rescored WER %</th></tr>${
-      D.by_length.map(r => `<tr><td class="t">${r.bin}</td><td>${r.utterances}</td><td>${r.words}</td><td>${fmt(r.first)}</td><td>${fmt(r.rescored)}</td></tr>`).join("")}</table>`;
+    s += `<div><h2>WER by utterance length</h2><table><tr><th class="t">reference words</th><th>utterances</th><th>words</th><th>1-best WER %</th><th>rescored WER %</th></tr>${
+      D.by_length.map(r => `<tr><td class="t">${r.bin}</td><td>${r.utterances}</td><td>${r.words}</td><td>${fmt(r.first)}</td><td>${fmt(r.rescored)}</td></tr>`).join("")}</table></div>`;
   }
   if (D.confusions) {
-    s += `<h2>Most frequent confusion pairs</h2><table><tr><th class="t">reference</th><th class="t">hypothesis</th><th>1-best</th><th>rescored</th></tr>${
-      D.confusions.map(([r, h, a, b]) => `<tr><td class="t mono">${r ? esc(r) : "<i>(insertion)</i>"}</td><td class="t mono">${h ? esc(h) : "<i>(deletion)</i>"}</td><td>${a}</td><td>${b}</td></tr>`).join("")}</table>`;
+    s += `<div><h2>Most frequent confusion pairs</h2><table><tr><th class="t">reference</th><th class="t">hypothesis</th><th>1-best</th><th>rescored</th></tr>${
+      D.confusions.map(([r, h, a, b]) => `<tr><td class="t mono">${r ? esc(r) : "<i>(insertion)</i>"}</td><td class="t mono">${h ? esc(h) : "<i>(deletion)</i>"}</td><td>${a}</td><td>${b}</td></tr>`).join("")}</table></div>`;
   }
   document.getElementById("tables").innerHTML = s;
 }
