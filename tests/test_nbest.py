@@ -2,7 +2,6 @@
 name the file, the line (or entry) and the field."""
 
 import json
-import math
 import os
 import tarfile
 
@@ -280,7 +279,10 @@ def test_moses_dense_features(tmp_path):
     [
         ("0 ||| a ||| lm_0=abc ||| -1", "kbest:2: field 3 (features): 'lm_0=abc' is not name=number"),
         ("0 ||| a ||| -1.5 lm_0=-2 ||| -1", "kbest:2: field 3 (features): '-1.5' is neither name=number"),
-        ("0 ||| a ||| tm: -1 x ||| -1", "kbest:2: field 3 (features), value 1 of 'tm': expected a finite number, got 'x'"),
+        (
+            "0 ||| a ||| tm: -1 x ||| -1",
+            "kbest:2: field 3 (features), value 1 of 'tm': expected a finite number, got 'x'",
+        ),
         ("0 ||| a ||| =3 ||| -1", "kbest:2: field 3 (features): '=3' has no feature name"),
         ("0 ||| a ||| lm_0=-2 ||| high", "kbest:2: field 4 (total): expected a finite number, got 'high'"),
         ("zero ||| a ||| lm_0=-2 ||| -1", "kbest:2: field 1 (id): expected a sentence number, got 'zero'"),

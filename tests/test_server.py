@@ -315,6 +315,15 @@ def test_bad_requests_get_the_right_status_codes(server, client):
     assert client.health() == "SERVING"
 
 
+def test_a_missing_feature_is_invalid_and_the_admin_service_is_off_by_default(client):
+    """Issue 22: a hypothesis without a feature the weights use was scored as if it were 0.0, the best log score;
+    and Admin/ReloadModels answered anyone on the service port."""
+    lists = NBestList([NBestEntry("u", [Hypothesis("w1 w2", {"am": -5.0}), Hypothesis("w3", {})], ["w1"])])
+    code, details = status_of(client.rescore_nbest, lists, weights={"am": 1.0, "neural": 0.1})
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "(id 'u').hypotheses[1]: no feature 'am'" in details
+    assert status_of(client.reload_models)[0] == grpc.StatusCode.UNIMPLEMENTED  # (the config has no admin = true)
+
+
 def test_invalid_utf8_is_an_invalid_argument(client):
     """Clients of other languages can send any bytes; a string field that is not UTF-8 is named, not a crash."""
     raw = client.channel.unary_unary("/lmserve.v1.LMService/ScoreSentences")

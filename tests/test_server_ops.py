@@ -33,7 +33,8 @@ SENTENCES = ["w1 w2 w3", "w4 w5", ""]
 
 
 def write_config(path: Path, bundle: Path, *sections: str, server: str = "", workers: int = 1) -> Path:
-    head = f"[server]\nworkers = {workers}\ngrace_seconds = 60.0\nadmin = true\n{server}"  # (admin: off by default)
+    admin = "" if "admin" in server else "admin = true\n"  # (off by default)
+    head = f"[server]\nworkers = {workers}\ngrace_seconds = 60.0\n{admin}{server}"
     path.write_text("\n".join([head, *sections, f'[models.m]\nbundle = "{bundle}"\n']))
     return path
 

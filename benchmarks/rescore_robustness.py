@@ -1,0 +1,261 @@
+"""lm-rescore with bad input and crashes (issue 22) -> rescore_robustness.json
+
+    python -m benchmarks.rescore_robustness [--fuzz-cases 1000] [--kills 20] [--bundle var/bundles/demo]
+
+Three measurements:
+
+- **Reader fuzzing.** For every n-best format (and the ESPnet tarball) ``--fuzz-cases`` malformed files drawn by
+  hypothesis (tests/nbest_fuzz.py: a valid list with one file cut short, a byte changed or a token of another type):
+  each must give a clean error naming the file, or a list that round-trips through its writer. Counted: tracebacks
+  (any other exception), partial outputs (a refused write that left something), failed round trips.
+- **kill -9.** ``lm-rescore nbest`` on the first 100 utterances of LibriSpeech dev_other (an ESPnet folder), killed
+  with SIGKILL at a moment drawn uniformly over an uninterrupted run's duration, ``--kills`` times for each output kind:
+  the reranked list as one file (JSONL), as a folder (ESPnet), the report, the LM score cache. After each kill every
+  output must be complete or absent; after the next complete run no temporary file may be left.
+- **Time to a validation error** on the whole of dev_other.tar.gz, the wall time of the command from its start: a bad
+  flag (``tune --lambdas abc``), and missing references (``nbest --references`` with a line too few). Target <= 2 s:
+  before any model runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+
+from benchmarks.common import ROOT, write_result
+from rescoring.nbest import NBestList, read_nbest, write_nbest
+from tests.nbest_fuzz import CASES, check, mutate, mutations, seed_files
+from training.config import DEFAULT_DATA_DIR
+
+DEV_OTHER = DEFAULT_DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
+UTTERANCES = 100  # of dev_other, for the kill runs
+KINDS = ("file", "folder", "report", "cache")
+
+
+def fuzz(case: str, cases: int) -> dict:
+    """Outcomes of ``cases`` mutated files of one format; the first few failures are kept, with their mutation."""
+    outcomes: Counter[str] = Counter()
+    failures: list[str] = []
+
+    @settings(
+        max_examples=cases,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(mutation=mutations())
+    def run(mutation):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            path = seed_files(case, root / "in")
+            what = mutate(path, mutation)
+            (root / "out").mkdir()
+            try:
+                outcomes[check(case, path, root / "out")] += 1
+            except AssertionError as e:
+                kind = "partial_outputs" if "partial" in str(e) or "temporary" in str(e) else "no_round_trip"
+                outcomes[kind] += 1
+                failures.append(f"{what}: {e}"[:300])
+            except Exception as e:  # a reader's (or writer's) traceback
+                outcomes["tracebacks"] += 1
+                failures.append(f"{what}: {type(e).__name__}: {e}"[:300])
+
+    run()
+    return {"cases": sum(outcomes.values()), **dict(outcomes), "failures": failures[:5]}
+
+
+# -- kill -9 --------------------------------------------------------------------------------------------------------
+
+
+def command(kind: str, work: Path, weights: Path) -> list[str]:
+    out = work / "out"
+    args = [sys.executable, "-m", "rescoring.cli", "nbest", str(work / "dev_other"), "--weights", str(weights)]
+    args += ["--threads", "1", "--quiet", "--cache", str(out / "dev_other.lmscores.jsonl")]
+    if kind == "folder":
+        return [*args, "--out", str(out / "dev_other.rescored"), "--out-format", "espnet"]
+    args += ["--out", str(out / "dev_other.rescored.jsonl")]
+    return [*args, "--report", str(out / "dev_other.report.json")] if kind == "report" else args
+
+
+def outputs(work: Path) -> dict[str, Path]:
+    out = work / "out"
+    return {
+        "file": out / "dev_other.rescored.jsonl",
+        "folder": out / "dev_other.rescored",
+        "report": out / "dev_other.report.json",
+        "cache": out / "dev_other.lmscores.jsonl",
+    }
+
+
+def complete(kind: str, path: Path) -> bool:
+    """Whether an output that exists is whole."""
+    try:
+        if kind in ("file", "folder"):
+            nbest = read_nbest(path)
+            return len(nbest) == UTTERANCES and all(len(e.hypotheses) == 30 for e in nbest)
+        if kind == "report":
+            return "rescored" in json.loads(path.read_text())
+        lines = path.read_text().splitlines()
+        return len(lines) == UTTERANCES + 1 and all(len(json.loads(x)["hypotheses"]) == 30 for x in lines[1:])
+    except (ValueError, OSError, KeyError):
+        return False
+
+
+def temporaries(work: Path) -> list[Path]:
+    return [p for p in (work / "out").rglob("*") if p.name.endswith(".tmp")]
+
+
+def clear(kind: str, work: Path) -> None:
+    """Remove the outputs a run of ``kind`` writes (the cache only for the cache runs: the others reuse it)."""
+    for name, path in outputs(work).items():
+        if name != "cache" or kind == "cache":
+            subprocess.run(["rm", "-rf", str(path)], check=True)
+
+
+def kill_runs(kills: int, bundle: Path, rng: random.Random) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("LMSERVE_DEBUG", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        subset = read_nbest(DEV_OTHER)
+        write_nbest(NBestList(subset.entries[:UTTERANCES]), work / "dev_other", "espnet")
+        weights = work / "w.json"
+        weights.write_text(
+            json.dumps(
+                {
+                    "format": "lmserve-weights",
+                    "format_version": 2,
+                    "features": ["score", "neural"],
+                    "weights": {"score": 1.0, "neural": 0.3},
+                    "metric": "wer",
+                    "dev_set": "-",
+                    "date": "-",
+                    "setup": {"lm": str(bundle.absolute()), "normalize": "ptb", "definitions": {}, "lambda": None},
+                }
+            )
+        )
+        results = {}
+        for kind in KINDS:
+            clear(kind, work)
+            start = time.perf_counter()
+            done = subprocess.run(command(kind, work, weights), env=env, capture_output=True, text=True)
+            duration = time.perf_counter() - start
+            if done.returncode != 0:
+                raise RuntimeError(f"{kind}: the uninterrupted run failed: {done.stderr}")
+            partial, left, killed_after = 0, 0, []
+            for _ in range(kills):
+                clear(kind, work)
+                proc = subprocess.Popen(
+                    command(kind, work, weights), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+                moment = rng.uniform(0, duration)
+                time.sleep(moment)
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                killed_after.append(round(moment, 3))
+                for name, path in outputs(work).items():
+                    if path.exists() and not complete(name, path):
+                        partial += 1
+                left += len(temporaries(work))
+            done = subprocess.run(command(kind, work, weights), env=env, capture_output=True, text=True)
+            results[kind] = {
+                "uninterrupted_s": round(duration, 3),
+                "kills": kills,
+                "partial_outputs": partial,
+                "temporaries_right_after_kills": left,
+                "temporaries_after_next_run": len(temporaries(work)),
+                "next_run_exit": done.returncode,
+                "killed_after_s": killed_after,
+            }
+            print(f"kill -9, {kind}: {results[kind]}", file=sys.stderr)
+        return results
+
+
+# -- time to a validation error -----------------------------------------------------------------------------------
+
+
+def validation_times(bundle: Path, rounds: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        refs = [e.references[0] for e in read_nbest(DEV_OTHER)]
+        (work / "refs.txt").write_text("\n".join(refs[:-1]) + "\n")
+        weights = work / "w.json"
+        record = {"format": "lmserve-weights", "format_version": 2, "features": ["score", "neural"]}
+        record |= {"weights": {"score": 1.0, "neural": 0.3}, "metric": "wer", "dev_set": "-", "date": "-"}
+        weights.write_text(json.dumps(record | {"setup": {"lm": str(bundle.absolute()), "normalize": "ptb"}}))
+        cases = {
+            "bad_flag": ["tune", str(DEV_OTHER), "--lm", str(bundle), "--metric", "wer", "--features", "score,neural"]
+            + ["--lambdas", "abc", "--out", str(work / "t.json")],
+            "missing_references": ["nbest", str(DEV_OTHER), "--weights", str(weights), "--out", str(work / "o.jsonl")]
+            + ["--references", str(work / "refs.txt")],
+        }
+        seconds: dict[str, list[float]] = {name: [] for name in cases}
+        messages = {}
+        for _ in range(rounds):
+            for name, args in cases.items():
+                start = time.perf_counter()
+                done = subprocess.run(
+                    [sys.executable, "-m", "rescoring.cli", *args], env=env, capture_output=True, text=True
+                )
+                seconds[name].append(time.perf_counter() - start)
+                assert done.returncode == 2 and not (work / "o.jsonl").exists(), done.stderr
+                messages[name] = done.stderr.strip()
+    return {
+        name: {"median_s": round(statistics.median(v), 3), "max_s": round(max(v), 3)} for name, v in seconds.items()
+    } | {"messages": messages}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fuzz-cases", type=int, default=1000, help="malformed files per format")
+    parser.add_argument("--kills", type=int, default=20, help="kill -9 runs per output kind")
+    parser.add_argument("--bundle", type=Path, default=ROOT / "var" / "bundles" / "demo", help="a model bundle")
+    parser.add_argument("--rounds", type=int, default=5, help="runs of each validation error")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    fuzzing = {}
+    for case in CASES:
+        start = time.perf_counter()
+        fuzzing[case] = fuzz(case, args.fuzz_cases) | {"seconds": round(time.perf_counter() - start, 1)}
+        print(f"fuzz {case}: {fuzzing[case]}", file=sys.stderr)
+    kills = kill_runs(args.kills, args.bundle, random.Random(args.seed))
+    validation = validation_times(args.bundle, args.rounds)
+    print(f"validation: {validation}", file=sys.stderr)
+    metrics = {
+        "fuzz_cases": min(f["cases"] for f in fuzzing.values()),  # per format, the smallest
+        "fuzz_cases_total": sum(f["cases"] for f in fuzzing.values()),
+        "tracebacks": sum(f.get("tracebacks", 0) for f in fuzzing.values()),
+        "partial_outputs": sum(f.get("partial_outputs", 0) for f in fuzzing.values()),
+        "failed_round_trips": sum(f.get("no_round_trip", 0) for f in fuzzing.values()),
+        "kill_runs": sum(k["kills"] for k in kills.values()),
+        "kill_partial_outputs": sum(k["partial_outputs"] for k in kills.values()),
+        "kill_temporaries_after_next_run": sum(k["temporaries_after_next_run"] for k in kills.values()),
+        "validation_error_s": max(v["max_s"] for k, v in validation.items() if k != "messages"),
+    }
+    write_result(
+        "rescore_robustness",
+        metrics,
+        fuzzing=fuzzing,
+        kills=kills,
+        validation=validation,
+        data={"list": str(DEV_OTHER), "kill_utterances": UTTERANCES, "bundle": str(args.bundle)},
+    )
+
+
+if __name__ == "__main__":
+    main()

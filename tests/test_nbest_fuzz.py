@@ -1,0 +1,32 @@
+"""Every n-best reader on malformed files drawn by hypothesis (tests/nbest_fuzz.py): a clean error naming the file,
+or a list that round-trips; never a traceback or a partial output. A few cases per format here, to stay fast;
+benchmarks/rescore_robustness.py runs thousands."""
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from nbest_fuzz import CASES, check, mutate, mutations, seed_files
+
+
+@pytest.mark.parametrize("case", CASES)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mutation=mutations())
+def test_a_malformed_file_is_a_clean_error_or_a_list_that_round_trips(case, mutation):
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        path = seed_files(case, root / "in")
+        what = mutate(path, mutation)
+        (root / "out").mkdir()
+        try:
+            check(case, path, root / "out")
+        except Exception as e:  # (a reader's traceback is the failure: say which file did it)
+            raise AssertionError(f"{case}, {what}: {type(e).__name__}: {e}") from e
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_unmutated_lists_round_trip(case, tmp_path):
+    path = seed_files(case, tmp_path / "in")
+    (tmp_path / "out").mkdir()
+    assert check(case, path, tmp_path / "out") == "round trip"
