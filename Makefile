@@ -54,7 +54,8 @@ DATA ?= $${LMSERVE_DATA:-../shared/data}
 
 # Train a small adaptive-softmax LSTM on PTB in sentence mode (how rescoring scores sentences), evaluate it, export it
 # as a model bundle and score a few test sentences with the torch-free scorer; then build a 3-gram that sees the
-# bundle's tokens, tune rescoring weights on LibriSpeech dev_clean 30-best lists and rerank dev_other with them.
+# bundle's tokens, tune rescoring weights on LibriSpeech dev_clean 30-best lists and rerank dev_other with them
+# (its error analysis: var/rescore/dev_other.report.html).
 demo: setup
 	rm -rf var/runs/demo
 	$(VENV)/bin/lm-train fit configs/demo_ptb.toml --out var/runs/demo
@@ -67,7 +68,8 @@ demo: setup
 		--ngram var/ngrams/demo_3gram.bin --normalize ptb --features score,neural,ngram,interp,length,oov \
 		--fixed score --lambdas 0.5 --restarts 2 --out var/rescore/demo.weights.json
 	$(VENV)/bin/lm-rescore nbest "$(DATA)/librispeech-nbest/dev_other.tar.gz" --weights var/rescore/demo.weights.json \
-		--out var/rescore/dev_other.rescored.jsonl --out-format jsonl --report var/rescore/dev_other.report.json
+		--out var/rescore/dev_other.rescored.jsonl --out-format jsonl --report var/rescore/dev_other.report.json \
+		--html var/rescore/dev_other.report.html
 
 clean:
 	rm -rf $(VENV) .cache var .pytest_cache .ruff_cache *.egg-info

@@ -7,6 +7,10 @@
 ``tune`` reads only the dev list (and the models); ``nbest`` applies the weights file, which names the models,
 normalisation, definitions and λ it was tuned with, to any other list.
 
+Both write an HTML error analysis with ``--html`` (``rescoring.report_html``), and both check the list's references
+against the training text the neural LM's manifest names (``rescoring.overlap``; ``lm-rescore overlap`` runs that
+check on any text), warning of a test-set leak. ``interp`` is refused for a bundle whose scores are unnormalised.
+
 Both check everything they were given before a model runs: the flags, the list (``rescoring.nbest.checks``) and its
 references, the features the weights use, and that every output can be written. Outputs appear complete or not at
 all (``rescoring.atomic``).
@@ -235,7 +239,11 @@ def run_tune(args) -> int:
         ranked, chosen = reranked(nbest, tuned.setup, lm_scores)
         weights = {"file": str(args.out), **tuned.result.weights}
         rep = _full_report(nbest, chosen, args.metric, models, tuned.setup, weights, leakage)
-        plots = tune_plots(tuned, args.metric)
+        try:
+            plots = tune_plots(tuned, args.metric)
+        except ImportError:  # matplotlib comes with lmserve[train], not with the torch-free install
+            print("lm-rescore: warning: --html: no plots without matplotlib (pip install matplotlib)", file=sys.stderr)
+            plots = []
         write_html(args.html, rep, nbest, ranked, chosen, plots, title=f"lm-rescore tune: {nbest.name}")
     r = tuned.result
     print(

@@ -6,10 +6,12 @@ import re
 
 import numpy as np
 import pytest
+from conftest import make_sentences
 from test_rescore import corrupted_lists
 
 from rescoring.cli import main as rescore_main
 from rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
+from rescoring.ngram import build_ngram
 from rescoring.report_html import build_html
 from rescoring.rescore import Setup, report, reranked
 
@@ -118,3 +120,16 @@ def test_tune_and_nbest_write_html(tmp_path):
     assert data["report"]["rescored"] == rep["rescored"]
     chosen_ranks = np.array([u["k"] for u in data["utterances"]])
     assert (chosen_ranks != 1).sum() == rep["changed_choices"]
+
+
+def test_tune_html_plots_the_metric_against_lambda_and_every_weight(bundles, tmp_path):
+    build_ngram((x.split() for x in make_sentences(300, seed=1)), 3, tmp_path / "lm3", discount_fallback=True)
+    dev, page = tmp_path / "dev.jsonl", tmp_path / "tune.html"
+    write_nbest(corrupted_lists(30, 21, "dev"), dev, "jsonl")
+    args = ["tune", str(dev), "--lm", str(bundles[("full", 0.0)][1]), "--ngram", str(tmp_path / "lm3.bin")]
+    args += ["--metric", "wer", "--features", "am,interp,length", "--lambdas", "0.3,0.7", "--restarts", "0"]
+    assert rescore_main([*args, "--quiet", "--out", str(tmp_path / "w.json"), "--html", str(page)]) == 0
+    html = page.read_text()
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == 2
+    assert "dev metric against λ" in html and "dev metric against each weight around the optimum" in html
+    assert page_data(html)["report"]["normalisation"] == "exact"
