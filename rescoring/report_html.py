@@ -342,7 +342,8 @@ function render() {
     body.push(`<tr class="row" data-i="${u.i}">${COLS.map(([key, , cls]) => {
       const v = u[key];
       const c = key === "st" ? ` ${v}` : "";
-      return `<td class="${cls || ""}${c}">${typeof v === "number" && key === "d" ? (v > 0 ? "+" : "") + fmt(v, WER ? 0 : 2) : esc(v)}</td>`;
+      const text = key === "d" ? (v > 0 ? "+" : "") + fmt(v, WER ? 0 : 2) : !WER && (key === "s1" || key === "sc") ? fmt(v) : esc(v);
+      return `<td class="${cls || ""}${c}">${text}</td>`;
     }).join("")}</tr>`);
     if (opened.has(u.i)) body.push(`<tr class="detail"><td colspan="${COLS.length}">${detail(u)}</td></tr>`);
   }
