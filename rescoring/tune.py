@@ -35,7 +35,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import minimize
 
 from rescoring import metrics
 from rescoring.atomic import atomic_write_text
@@ -262,6 +261,10 @@ def _search(objective, x0: np.ndarray, method: str, rng: np.random.Generator, ma
     else:
         options = {"initial_simplex": np.vstack([x0, x0 + directions]), "xatol": 1e-3, "fatol": 1e-6, "maxfev": maxfev}
     if n:
+        from scipy.optimize import (
+            minimize,
+        )  # (here: half a second of imports, which lm-rescore's errors need not wait for)
+
         minimize(tracked, x0, method=method, options=options)
     return best[0], best[1]
 
