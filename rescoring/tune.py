@@ -261,9 +261,8 @@ def _search(objective, x0: np.ndarray, method: str, rng: np.random.Generator, ma
     else:
         options = {"initial_simplex": np.vstack([x0, x0 + directions]), "xatol": 1e-3, "fatol": 1e-6, "maxfev": maxfev}
     if n:
-        from scipy.optimize import (
-            minimize,
-        )  # (here: half a second of imports, which lm-rescore's errors need not wait for)
+        # imported here: half a second, which lm-rescore's validation errors need not wait for
+        from scipy.optimize import minimize
 
         minimize(tracked, x0, method=method, options=options)
     return best[0], best[1]
