@@ -39,6 +39,11 @@ class ServedModel:
     @classmethod
     def load(cls, name: str, config: ModelConfig, threads: int, generation: int = 1) -> ServedModel:
         lms = LanguageModels.load(config.bundle, config.ngram, config.normalize, threads)
+        if config.lam is not None and lms.normalisation == "unnormalised":
+            raise ConfigError(
+                f"models.{name}.lambda: {config.bundle}'s scores are unnormalised (see its manifest's heldout log Z), "
+                "so they cannot be interpolated with the n-gram word by word; leave out lambda"
+            )
         model = cls(name, config, lms, InterpolatedLM(lms.scorer, lms.ngram, config.lam), {}, threads, generation)
         for profile_name, path in config.profiles.items():
             model.profiles[profile_name] = model._profile(profile_name, path)
@@ -60,6 +65,10 @@ class ServedModel:
         if self.lms.ngram is None and used & {"ngram", "interp"}:
             raise ConfigError(
                 f"{where}: uses n-gram features {sorted(used & {'ngram', 'interp'})}; the model has no ngram"
+            )
+        if setup.uses_interp and self.lms.normalisation == "unnormalised":
+            raise ConfigError(
+                f"{where}: uses interp, but the model's neural scores are unnormalised (not probabilities)"
             )
         return Profile(name, path, record, setup)
 

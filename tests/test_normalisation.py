@@ -98,3 +98,31 @@ def test_stream_mode_export_warns_with_both_perplexities(trained, tmp_path, caps
     assert held["stream_ppl"] > 1 and held["ppl"] > 1
     assert "trained in stream mode" in err
     assert f"{held['stream_ppl']:.2f} as a stream" in err and f"{held['ppl']:.2f} sentence by sentence" in err
+
+
+def test_a_server_does_not_interpolate_unnormalised_scores(trained, tmp_path):
+    """Neither the model's lambda (ScoreSentences, ScoreNextWords) nor a profile's interp feature."""
+    from server.config import ConfigError, load_config
+    from server.models import ModelSet
+
+    out = tmp_path / "ns.bundle"
+    assert train_main(["export", "--checkpoint", str(trained["ns"]), "--out", str(out)]) == 0
+    corpus = tmp_path / "train.txt"
+    corpus.write_text("\n".join(make_sentences(300, seed=1)) + "\n")
+    build = ["ngram", "build", "--order", "3", "--text", str(corpus), "--out", str(tmp_path / "lm3")]
+    assert rescore_main([*build, "--discount-fallback"]) == 0
+    config = tmp_path / "serve.toml"
+    model = f'[models.ns]\nbundle = "{out}"\nngram = "lm3.bin"\n'
+    config.write_text(model)
+    assert ModelSet.load(load_config(config)).get("ns").lm.scorer.normalisation == "unnormalised"
+    config.write_text(model + "lambda = 0.5\n")
+    with pytest.raises(ConfigError, match="models.ns.lambda: .* unnormalised"):
+        ModelSet.load(load_config(config))
+    dev, weights = tmp_path / "dev.jsonl", tmp_path / "w.json"
+    write_nbest(corrupted_lists(20, 5, "dev"), dev, "jsonl")
+    tune = ["tune", str(dev), "--lm", str(out), "--ngram", str(tmp_path / "lm3.bin"), "--metric", "wer", "--quiet"]
+    tune += ["--features", "am,interp", "--lambdas", "0.5", "--restarts", "0", "--allow-unnormalised"]
+    assert rescore_main([*tune, "--out", str(weights)]) == 0
+    config.write_text(model + f'[models.ns.profiles]\ndev = "{weights}"\n')
+    with pytest.raises(ConfigError, match="profiles.dev .*uses interp, but the model's neural scores are unnormalised"):
+        ModelSet.load(load_config(config))
