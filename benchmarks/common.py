@@ -103,3 +103,43 @@ def ptb_sentences(split: str = "test") -> list[str]:
     from training.corpus import read_sentences
 
     return [" ".join(words) for words in read_sentences(DEFAULT_DATA_DIR / "ptb" / f"ptb.{split}.txt.gz")]
+
+
+def _tree_rss_kb(root: int) -> int:
+    """Resident memory of process ``root`` and all its descendants (kB), from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        pid = int(entry.name)
+        children.setdefault(int(fields["PPid"]), []).append(pid)
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def run_measured(command: list[str], log: Path, interval: float = 0.05, **popen) -> dict:
+    """Run ``command`` to the end (output to ``log``), sampling the resident memory of it and its child processes
+    (worker pools included) every ``interval`` seconds; returns wall seconds and peak RSS of the whole tree (MB)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    peak = 0
+    start = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=popen.pop("cwd", ROOT), **popen)
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss_kb(proc.pid))
+            time.sleep(interval)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{shlex.join(command)} failed ({proc.returncode}); see {log}")
+    return {"wall_s": seconds, "peak_rss_mb": peak / 1024}

@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 from conftest import ROOT, make_sentences, tiny_config_text, write_corpus
 from safetensors.torch import load_file
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+from benchmarks.torchrun import lm_train_fit, run_fit, worker_pid
 
 
 @pytest.fixture(scope="module")
@@ -48,37 +47,15 @@ def config(tmp_path: Path, corpus, mode: str, head: str, **sections) -> Path:
     return path
 
 
-def fit(config: Path, run: Path, *extra: str) -> dict:
-    subprocess.run(
-        [sys.executable, "-m", "training.cli", "fit", str(config), "--out", str(run), *extra],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    return json.loads((run / "results.json").read_text())
+def fit(config: Path, run: Path, *sets: str) -> dict:
+    return run_fit(lm_train_fit(config, run, *sets), run)
 
 
 def torchrun(config: Path, run: Path, *launcher: str, nproc: int = 2, wait: bool = True):
-    cmd = [
-        *TORCHRUN,
-        *launcher,
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "training.cli",
-        "fit",
-        str(config),
-        "--out",
-        str(run),
-        "--auto-resume",
-    ]
-    if not launcher:
-        cmd.insert(len(TORCHRUN), "--standalone")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if not wait:
-        return proc
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    return json.loads((run / "results.json").read_text())
+    command = lm_train_fit(config, run, launcher=list(launcher), nproc=nproc)
+    if wait:
+        return run_fit(command, run)
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def weights(run: Path) -> dict:
@@ -102,7 +79,7 @@ def max_relative_difference(a: dict, b: dict) -> float:
 )
 def test_two_ranks_train_what_one_process_trains(tmp_path, corpus, mode, head, objective, accumulate):
     cfg = config(tmp_path, corpus, mode, head, objective={"type": objective, "samples": 20})
-    single = fit(cfg, tmp_path / "one", "--set", f"train.accumulate={accumulate}")
+    single = fit(cfg, tmp_path / "one", f"train.accumulate={accumulate}")
     ranks = torchrun(cfg, tmp_path / "two")
     assert ranks["world_size"] == 2 and ranks["tokens_seen"] == single["tokens_seen"]
     assert max_relative_difference(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-5
@@ -144,22 +121,6 @@ def test_two_machines_meet_through_c10d_rendezvous(tmp_path, corpus):
     assert max_relative_difference(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-5
 
 
-def worker_pid(launcher: subprocess.Popen, rank: int) -> int | None:
-    """The pid of the worker of ``rank`` that the torchrun process ``launcher`` started (from /proc)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        parent = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
-        if parent == launcher.pid and f"RANK={rank}".encode() in environ:
-            return int(entry.name)
-    return None
-
-
 def test_a_killed_rank_restarts_under_max_restarts_and_ends_like_the_uninterrupted_run(tmp_path, corpus):
     cfg = config(tmp_path, corpus, "stream", "full", train={"epochs": 3, "log_interval": 1})
     uninterrupted = torchrun(cfg, tmp_path / "whole")
@@ -169,7 +130,7 @@ def test_a_killed_rank_restarts_under_max_restarts_and_ends_like_the_uninterrupt
     while not killed and time.monotonic() < deadline and proc.poll() is None:
         events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         if any(e["event"] == "train" and e["epoch"] == 2 and e["batch"] >= 3 for e in events):
-            pid = worker_pid(proc, rank=1)
+            pid = worker_pid(proc.pid, rank=1)
             if pid:
                 os.kill(pid, signal.SIGKILL)
                 killed = True

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.profiler import record_function
 from tqdm import tqdm
 
 from training.atomic import atomic_write_text
@@ -211,9 +212,11 @@ class LossModule(nn.Module):
         self.objective = objective
 
     def forward(self, batch: Batch, state):
-        hidden, state = self.model(batch.inputs, state)
-        h, targets = flatten(hidden, batch)
-        out = self.objective(self.model.head, h, targets)
+        with record_function("lstm"):  # the regions that benchmarks/step_profile.py reports
+            hidden, state = self.model(batch.inputs, state)
+        with record_function("head"):
+            h, targets = flatten(hidden, batch)
+            out = self.objective(self.model.head, h, targets)
         return out.loss, out.nll.detach(), state
 
 
@@ -500,14 +503,17 @@ class Trainer:
             torch.manual_seed(step_seed(cfg.train.seed, st["epochs_done"], st["batch"], part))
             last = k == len(micro) - 1
             sync = contextlib.nullcontext() if last or not dist.active else self.loss.no_sync()
-            with sync, self._autocast():
-                loss, part_nll, state = self.loss(batch.to(self.device), state)
-                (loss.float() * scale).backward()
+            with sync:
+                with self._autocast():  # bf16 matrix products in the forward pass; backward follows its dtypes
+                    loss, part_nll, state = self.loss(batch.to(self.device), state)
+                with record_function("backward"):
+                    (loss.float() * scale).backward()
             nll += part_nll.item()
             new_states.append(tuple(s.detach() for s in state) if carries else None)
-        if cfg.train.clip_norm:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.clip_norm)
-        self.optimizer.step()
+        with record_function("optimizer"):
+            if cfg.train.clip_norm:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.clip_norm)
+            self.optimizer.step()
         (nll,) = dist.sum([nll])
         return nll, int(tokens), new_states
 
