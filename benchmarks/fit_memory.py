@@ -44,7 +44,9 @@ def fit(root, run, train: str, valid: str, test: str) -> dict:
     command = [sys.executable, "-m", "training.cli", "fit", "configs/gutenberg_rescore.toml", "--out", str(run)]
     command += [arg for value in config for arg in ("--set", value)]
     shutil.rmtree(run, ignore_errors=True)
-    return run_measured(command, LOGS / f"fit_memory-{run.name}.log", cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    return run_measured(
+        command, LOGS / f"fit_memory-{run.name}.log", cwd=root, env={**os.environ, "PYTHONPATH": str(root)}
+    )
 
 
 def main() -> None:
