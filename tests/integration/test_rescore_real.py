@@ -31,6 +31,8 @@ def test_joshua_kbest_tuned_and_reranked_with_its_5gram(shared_data, tmp_path, c
                 str(weights),
                 "--out",
                 str(out),
+                "--out-format",  # (a name like rescored.txt does not say which format)
+                "moses",
                 "--report",
                 str(report),
             ]
