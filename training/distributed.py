@@ -77,8 +77,17 @@ def setup(device: torch.device) -> Distributed:
             device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # The rendezvous store outlives a restart of the workers (torchrun --max-restarts), and the addresses the ranks
+        # of a failed attempt published in it may be read by the next one ("connection refused"; pytorch/pytorch
+        # #167288): each attempt keeps its keys under its own prefix.
+        store, _, _ = next(dist.rendezvous("env://"))
+        store = dist.PrefixStore(f"lmserve/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
         dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None
+            "nccl" if device.type == "cuda" else "gloo",
+            store=store,
+            rank=rank,
+            world_size=world,
+            device_id=device if device.type == "cuda" else None,
         )
     return Distributed(rank, world, local_rank, device)
 
