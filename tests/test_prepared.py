@@ -90,10 +90,13 @@ def test_memory_stays_bounded_whatever_the_corpus_size(tmp_path):
         for _ in range(20):
             ids = rng.zipf(1.3, size=200_000) % 5000
             f.write("\n".join(" ".join(line) for line in np.split(words[ids], 10_000)) + "\n")
+    # the main process's peak from /proc (getrusage's would include the pytest process that started it), the
+    # workers' from getrusage (they fork from the small main process)
     script = (
-        "import resource, sys; from training.prepared import prepare; "
+        "import resource, re; from training.prepared import prepare; "
         f"prepare({{'train': [{str(path)!r}]}}, {str(tmp_path / 'prep')!r}, workers=2, block_bytes=1 << 18); "
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+        "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1], "
+        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
     main_kb, worker_kb = map(int, out.stdout.split())
