@@ -1,5 +1,6 @@
 """The model bundle: the one contract between training (``lm-train export`` writes it) and serving (this module
-reads and validates it). Format version 2, documented here once; version 1 bundles are still read.
+reads and validates it). Format versions 2 (word vocabularies) and 3 (open vocabularies: the same plus a
+sentencepiece model), documented here once; version 1 bundles are still read.
 
 A bundle is a directory::
 
@@ -8,6 +9,7 @@ A bundle is a directory::
     sentences.onnx     whole sentences -> per-token scores
     step.onnx          one step for decoders -> scores of K candidate next words
     step_full.onnx     one step for decoders -> scores of the whole vocabulary
+    subword.model      version 3 only: the sentencepiece model whose pieces vocab.tsv lists
 
 Graphs (float32 scores in natural log; dynamic batch B, length T, candidates K; L layers, state size H):
 
@@ -38,7 +40,11 @@ format_version      2 (1 is read too)
 created             ISO 8601 time of export
 head                output layer: "full", "adaptive", ...
 normalisation       "exact", "self-normalised" or "unnormalised" (above)
-vocab               {"file", "size", "unk", "bos", "eos"}
+vocab               {"file", "size", "unk", "bos", "eos"}; version 3 adds "type": "subword" and "subword_model"
+                    (the sentencepiece model's file name): the vocabulary lists pieces, the graphs score pieces, and
+                    the scorer spells each word alone into its pieces ("▁" + the word) and sums their scores, so a
+                    word's score is the sum of its pieces' and nothing is out of vocabulary (byte pieces spell any
+                    character; ``rescoring.subword``)
 text                how the training text became tokens: {"tokenizer": "whitespace", "lowercase": bool}, or a
                     ``rescoring.textnorm.TextNormalizer`` (``{"tokenizer": "textnorm", ...}``); the scorer
                     applies it to the text it is given unless the caller passes another normaliser
@@ -50,7 +56,9 @@ heldout             measured at export on held-out text, sentence by sentence: {
                     "oov_rate", "ppl", "ppl_no_oov" (exact, PyTorch fp32), "score_ppl" (exp of minus the mean
                     score of the exported sentences graph: equals ppl for exact fp32 bundles), "logz_mean",
                     "logz_std", "max_abs_diff" (largest |ONNX - PyTorch| per-token score difference); for models
-                    trained in stream mode also "stream_ppl" (the same text as one stream, state carried)}
+                    trained in stream mode also "stream_ppl" (the same text as one stream, state carried); for
+                    subword models "tokens" counts pieces and </s> and "ppl" is per piece, and "words" (words and
+                    </s>) and "ppl_per_word" give the perplexity per word}
 training            {"checkpoint", "config" (the run's resolved config), "data": [{"path", "bytes", "sha256"}]}
 files               {file name: sha256} for every other file of the bundle
 ==================  =============================================================================================
@@ -65,7 +73,9 @@ from pathlib import Path, PurePosixPath
 
 FORMAT = "lmserve-bundle"
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SUBWORD_FORMAT_VERSION = 3  # an open-vocabulary bundle; word bundles keep version 2
+READABLE_VERSIONS = (1, 2, 3)
+VOCAB_TYPES = ("word", "subword")
 VOCAB_HEADER = "#lmserve-vocab v1"
 GRAPHS = ("sentences", "step", "step_full")
 NORMALISATIONS = ("exact", "self-normalised", "unnormalised")
@@ -125,6 +135,12 @@ class Bundle:
     path: Path
     manifest: dict
     tokens: list[str]
+
+    @property
+    def subword_model(self) -> Path | None:
+        """The sentencepiece model of an open-vocabulary bundle (format 3), None for a word vocabulary."""
+        name = self.manifest["vocab"].get("subword_model")
+        return self.path / name if name else None
 
     @property
     def normalisation(self) -> str:
@@ -208,3 +224,16 @@ def validate_manifest(manifest: dict, where: Path | str) -> None:
             raise BundleError(f"{where}: graphs.{graph} = {name!r} is not listed in 'files'")
     if manifest["vocab"]["file"] not in manifest["files"]:
         raise BundleError(f"{where}: vocab.file {manifest['vocab']['file']!r} is not listed in 'files'")
+    vocab_type = manifest["vocab"].get("type", "word")
+    if vocab_type not in VOCAB_TYPES:
+        raise BundleError(f"{where}: field 'vocab.type' is {vocab_type!r}, expected one of {', '.join(VOCAB_TYPES)}")
+    if (vocab_type == "subword") != (manifest["format_version"] == SUBWORD_FORMAT_VERSION):
+        raise BundleError(
+            f"{where}: vocab.type {vocab_type!r} with format_version {manifest['format_version']}: subword "
+            f"vocabularies are format {SUBWORD_FORMAT_VERSION} and format {SUBWORD_FORMAT_VERSION} is subword"
+        )
+    if vocab_type == "subword" and manifest["vocab"].get("subword_model") not in manifest["files"]:
+        raise BundleError(
+            f"{where}: vocab.subword_model {manifest['vocab'].get('subword_model')!r} is not listed in 'files' "
+            "(a subword bundle carries its sentencepiece model)"
+        )

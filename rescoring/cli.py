@@ -44,7 +44,7 @@ def _text_view(args) -> Callable[[str], list[str]]:
     if args.like:
         bundle = Bundle.load(args.like)
         normalizer = normalizer or TextNormalizer.from_dict(bundle.manifest["text"])
-        vocab = set(bundle.tokens)
+        vocab = None if bundle.subword_model else set(bundle.tokens)  # an open vocabulary: every word as it is
     return ngram_view(normalizer or PRESETS["none"], vocab)
 
 

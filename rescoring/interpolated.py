@@ -69,7 +69,7 @@ class InterpolatedLM:
             neural = s.token_logprobs.astype(np.float64)
             ngram = None
             if self.ngram is not None:
-                ngram = self.ngram.token_logprobs(in_vocabulary(s.words, self.scorer.index))
+                ngram = self.ngram.token_logprobs(in_vocabulary(s.words, self.scorer.known_words))
             interpolated = None if self.lam is None else HypothesisScores(neural, ngram, s.oov).interpolated(self.lam)
             out.append(TokenScores(s.words, s.oov, neural, ngram, interpolated))
         return out
@@ -100,7 +100,9 @@ class InterpolatedLM:
         """Scores of the words that may follow the state in ``token``: ``candidates`` (vocabulary tokens, taken as
         they are; unknown ones are scored as ``<unk>``), or the whole vocabulary but ``<s>`` in id order, or its
         ``top_k`` best by :attr:`NextWord.logprob`. One LSTM step whatever the number of words; ``states`` adds each
-        word's new state token."""
+        word's new state token. An open-vocabulary (subword) model scores any candidate word, each as the sum of its
+        pieces (one step per piece depth, shared by candidates with common first pieces), and needs ``candidates``:
+        it has no list of words to score."""
         state = self.read_state(token)
         scorer = self.scorer
         if candidates is not None:
@@ -111,17 +113,25 @@ class InterpolatedLM:
                     raise ValueError(f"candidates[{i}] is {word!r}: sentences start from the empty state")
             words = list(candidates)
             ids = np.array([scorer.index.get(w, UNK) for w in words], dtype=np.int64)
+        elif scorer.pieces is not None:
+            raise ValueError("candidates: an open-vocabulary (subword) model has no word list; name the candidates")
         else:
             ids = np.array([i for i in range(len(scorer.bundle.tokens)) if i != BOS], dtype=np.int64)
             words = [scorer.bundle.tokens[i] for i in ids]
-        logprobs, h_out, c_out = scorer.next_word_scores(
-            np.array([state.prev_id]),
-            state.h[:, None],
-            state.c[:, None],
-            ids[None] if candidates is not None else None,
-        )
-        neural = logprobs[0].astype(np.float64) if candidates is not None else logprobs[0, ids].astype(np.float64)
-        ngram_words = in_vocabulary(words, scorer.index)
+        if scorer.pieces is not None:
+            spelled = [scorer.pieces.spell(w) for w in words]
+            neural, ids, h_after, c_after = scorer.score_continuations(state.prev_id, state.h, state.c, spelled)
+        else:
+            logprobs, h_out, c_out = scorer.next_word_scores(
+                np.array([state.prev_id]),
+                state.h[:, None],
+                state.c[:, None],
+                ids[None] if candidates is not None else None,
+            )
+            neural = logprobs[0].astype(np.float64) if candidates is not None else logprobs[0, ids].astype(np.float64)
+            h_after = np.broadcast_to(h_out, (h_out.shape[0], len(ids), h_out.shape[2]))  # one state for all
+            c_after = np.broadcast_to(c_out, h_after.shape)
+        ngram_words = in_vocabulary(words, scorer.known_words)
         ngram_state = ngram = interpolated = None
         if self.ngram is not None:
             ngram_state = self.ngram.state_from_context(list(state.ngram_context))
@@ -139,7 +149,7 @@ class InterpolatedLM:
                 context = None
                 if ngram_state is not None:
                     context = tuple(self.ngram.context_words(self.ngram.step(ngram_state, ngram_words[k])[1]))
-                after = DecoderState(int(ids[k]), h_out[:, 0], c_out[:, 0], context)
+                after = DecoderState(int(ids[k]), h_after[:, k], c_after[:, k], context)
                 token_out = decoder_state.encode(after, self.fingerprint)
             out.append(
                 NextWord(
@@ -147,7 +157,7 @@ class InterpolatedLM:
                     float(neural[k]),
                     None if ngram is None else float(ngram[k]),
                     None if interpolated is None else float(interpolated[k]),
-                    words[k] not in scorer.index,
+                    words[k] not in scorer.known_words,
                     token_out,
                 )
             )

@@ -222,7 +222,7 @@ def _timed(seconds: dict[str, float], name: str) -> Iterator[None]:
 
 def _as_neural_vocab(score: SentenceScore, scorer: Scorer) -> list[str]:
     """The words the neural LM saw, its unknown words as ``<unk>``: the n-gram's view of the same events."""
-    return in_vocabulary(score.words, scorer.index)
+    return in_vocabulary(score.words, scorer.known_words)
 
 
 def in_vocabulary(words: list[str], vocab: Collection[str]) -> list[str]:

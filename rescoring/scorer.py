@@ -13,6 +13,10 @@ Two ways in:
   through the ``step`` graph, all trees of a call advancing together one depth at a time, and each hypothesis' own
   tail through the ``sentences`` graph from its branch state (``Scorer._run_forest``); the scores equal those of
   ``score`` on each hypothesis alone.
+
+An open-vocabulary bundle (format 3) scores sentencepiece pieces; both ways spell each word into its pieces
+(``rescoring.subword``), run the pieces as above, and give back per-word scores, a word's being the sum of its
+pieces'. The tokens of ``encode``, ``score_ids`` and the decoder steps are then pieces.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 import onnxruntime as ort
 
 from rescoring.bundle import Bundle, BundleError
+from rescoring.subword import EveryWord, WordPieces
 from rescoring.textnorm import TextNormalizer
 
 LN10 = math.log(10)
@@ -99,7 +104,11 @@ class Scorer:
         another source, such as ASR hypotheses for a PTB model."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
-        self.index = {token: i for i, token in enumerate(self.bundle.tokens)}
+        self.index = {token: i for i, token in enumerate(self.bundle.tokens)}  # tokens: words, or subword pieces
+        self.pieces = WordPieces(self.bundle) if self.bundle.subword_model else None
+        # the words the model knows, those an n-gram beside it must see as themselves rather than <unk>: all of them
+        # with an open vocabulary
+        self.known_words = self.index if self.pieces is None else EveryWord()
         if normalizer is None:
             try:
                 normalizer = TextNormalizer.from_dict(manifest["text"])
@@ -161,11 +170,19 @@ class Scorer:
     # -- text -> ids -------------------------------------------------------------------------------------------
 
     def encode(self, text: str, memo: dict | None = None) -> tuple[list[str], list[int], int]:
-        """Words as the model sees them, their ids (unknown words -> <unk>) and how many were unknown; ``memo``: see
-        ``TextNormalizer.normalize``."""
+        """Words as the model sees them, their ids (unknown words -> <unk>; with an open vocabulary, every word's
+        pieces one after another) and how many were unknown; ``memo``: see ``TextNormalizer.normalize``."""
         words = self.normalizer.normalize(text, memo)
-        ids = [self.index.get(w, UNK) for w in words]
+        if self.pieces is not None:
+            ids = [i for w in words for i in self.pieces.spell(w)]
+        else:
+            ids = [self.index.get(w, UNK) for w in words]
         return words, ids, ids.count(UNK)
+
+    def word_scores(self, words: list[str], token_scores: np.ndarray) -> np.ndarray:
+        """Per-word scores (and </s>) from the scores of ``encode``'s ids and </s>: the same array for a word
+        vocabulary, each word's pieces summed for an open one."""
+        return token_scores if self.pieces is None else self.pieces.word_scores(words, token_scores)
 
     # -- whole sentences ---------------------------------------------------------------------------------------
 
@@ -177,7 +194,7 @@ class Scorer:
             scores = self.score_ids([encoded[i][1] for i in members])
             for row, i in enumerate(members):
                 words, ids, oov = encoded[i]
-                results[i] = SentenceScore(words, scores[row, : len(ids) + 1].copy(), oov)
+                results[i] = SentenceScore(words, self.word_scores(words, scores[row, : len(ids) + 1].copy()), oov)
         return results
 
     def plan_batches(self, sentences: Sequence[list[int]]) -> list[list[int]]:
@@ -240,6 +257,51 @@ class Scorer:
         self.stats.calls += 1
         return logprobs, h_out, c_out
 
+    def score_continuations(
+        self, prev_id: int, h: np.ndarray, c: np.ndarray, sequences: Sequence[Sequence[int]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Token sequences that continue one decoder state: ``prev_id`` read from ``h``, ``c`` [L, H], then each
+        sequence's tokens in turn (a candidate word's pieces). Sequences share the steps of their common prefixes:
+        one ``step`` run per depth. Returns each sequence's summed score [K] (float64), its last token [K] and the
+        state before that token (``h``, ``c`` [L, K, H]): what a decoder state after the sequence holds."""
+        token, parent, child = [prev_id], [-1], {}
+        ends = []
+        for sequence in sequences:
+            node = 0
+            for t in sequence:
+                if (node, t) not in child:
+                    child[node, t] = len(token)
+                    token.append(int(t))
+                    parent.append(node)
+                node = child[node, t]
+            ends.append(node)
+        token, parent = np.array(token, dtype=np.int64), np.array(parent)
+        depth = np.zeros(len(token), dtype=np.int64)
+        for i in range(1, len(token)):  # parents come before their children
+            depth[i] = depth[parent[i]] + 1
+        total = np.zeros(len(token))
+        after_h = np.zeros((self.layers, len(token), self.state_size), dtype=np.float32)  # state after reading node i
+        after_c = np.zeros_like(after_h)
+        kids_all = np.arange(1, len(token))
+        for d in range(int(depth.max())):
+            kids = kids_all[depth[kids_all] == d + 1]
+            kids = kids[np.argsort(parent[kids], kind="stable")]
+            steppers = np.unique(parent[kids])
+            row = np.searchsorted(steppers, parent[kids])
+            rank = np.arange(len(kids)) - np.searchsorted(row, row)  # position among its siblings
+            candidates = np.zeros((len(steppers), rank.max() + 1), dtype=np.int64)
+            candidates[row, rank] = token[kids]
+            if d == 0:
+                h_in, c_in = h[:, None], c[:, None]
+            else:
+                h_in, c_in = after_h[:, parent[steppers]], after_c[:, parent[steppers]]
+            scores, h_out, c_out = self.next_word_scores(token[steppers], h_in, c_in, candidates)
+            after_h[:, steppers], after_c[:, steppers] = h_out, c_out
+            total[kids] = total[parent[kids]] + scores[row, rank]
+        ends = np.array(ends, dtype=np.int64)
+        before = parent[ends]
+        return total[ends], token[ends], after_h[:, before], after_c[:, before]
+
     # -- hypothesis lists with shared prefixes ------------------------------------------------------------------
 
     def score_nbest(self, lists: Sequence[Sequence[str]], max_batch_rows: int = 1024) -> list[list[SentenceScore]]:
@@ -253,7 +315,7 @@ class Scorer:
         edge_scores = self._run_forest(forest, ends, max_batch_rows)
         return [
             [
-                SentenceScore(words, edge_scores[path], oov)
+                SentenceScore(words, self.word_scores(words, edge_scores[path]), oov)
                 for (words, _, oov), path in zip(hyps, hyp_paths, strict=True)
             ]
             for hyps, hyp_paths in zip(encoded, paths, strict=True)

@@ -117,7 +117,7 @@ def test_bundle_validation_names_what_is_wrong(bundles, tmp_path):
     assert "sha256 does not match" in damaged(
         lambda p: (p / "vocab.tsv").write_text((p / "vocab.tsv").read_text() + "extra\t1\n")
     )
-    assert "format_version 3 is not supported" in damaged(edit_manifest(format_version=3))
+    assert "format_version 4 is not supported" in damaged(edit_manifest(format_version=4))
     assert "'normalisation' is 'approximate'" in damaged(edit_manifest(normalisation="approximate"))
     assert "vocab.size says 99" in damaged(edit_manifest(vocab={**Bundle.load(good).manifest["vocab"], "size": 99}))
     assert "not valid JSON" in damaged(lambda p: (p / "manifest.json").write_text("{"))

@@ -31,9 +31,10 @@ def _fit(args) -> int:
 def _eval(args) -> int:
     import torch
 
-    from training.checkpoint import load_model_for_eval
+    from training.checkpoint import load_model_for_eval, resolve_checkpoint
     from training.evaluate import evaluate
     from training.prepared import open_corpus
+    from training.subword import per_word, run_subword_model
     from training.trainer import describe, make_batcher
 
     cfg, vocab, model = load_model_for_eval(args.checkpoint)
@@ -43,10 +44,21 @@ def _eval(args) -> int:
         cfg.train.eval_batch_size = args.batch_size
     if args.threads:
         torch.set_num_threads(args.threads)
-    corpus = open_corpus(args.file, "test", vocab, cfg.data.lowercase)
+    subword = run_subword_model(cfg, resolve_checkpoint(args.checkpoint))
+    corpus = open_corpus(args.file, "test", vocab, cfg.data.lowercase, subword)
     result = evaluate(model, make_batcher(cfg, corpus, vocab, training=False), vocab.unk_id)
     print(f"{args.file} ({cfg.data.mode} mode): {describe(result, corpus.oov_rate)}", file=sys.stderr)
-    print(json.dumps({"file": str(args.file), "mode": cfg.data.mode, "oov_rate": corpus.oov_rate, **result.to_dict()}))
+    words = per_word(result, corpus) if subword else {}
+    if words:
+        print(
+            f"per word (pieces summed over {words['words']:,} words and </s>): ppl {words['ppl_per_word']:.2f}",
+            file=sys.stderr,
+        )
+    print(
+        json.dumps(
+            {"file": str(args.file), "mode": cfg.data.mode, "oov_rate": corpus.oov_rate, **result.to_dict(), **words}
+        )
+    )
     return 0
 
 
@@ -79,7 +91,16 @@ def _prepare(args) -> int:
             raise ConfigError("lm-train prepare: give --text-dir or --train/--valid/--test, not both")
         root = Path(args.text_dir)
         inputs = {split: [root / f"{split}.txt.gz"] for split in SPLITS if (root / f"{split}.txt.gz").exists()}
-    settings = VocabSettings(args.min_count, args.max_size, args.unk, args.vocab or "", args.lowercase)
+    settings = VocabSettings(
+        args.min_count,
+        args.max_size,
+        args.unk,
+        args.vocab or "",
+        args.lowercase,
+        args.type,
+        args.pieces,
+        args.subword_model,
+    )
     manifest = prepare(inputs, Path(args.out), settings, workers=args.workers)
     print(summary_line(manifest), file=sys.stderr)
     return 0
@@ -156,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--vocab", help="use this vocabulary file instead of building one")
     pr.add_argument("--unk", default="<unk>", help="the data's own unknown-word token")
     pr.add_argument("--lowercase", action="store_true")
+    pr.add_argument(
+        "--type",
+        choices=("word", "subword"),
+        default="word",
+        help="subword: an open vocabulary of sentencepiece pieces",
+    )
+    pr.add_argument("--pieces", type=int, default=8000, help="subword: sentencepiece model size (default 8000)")
+    pr.add_argument("--subword-model", choices=("unigram", "bpe"), default="unigram", help="subword: model type")
     pr.add_argument("--workers", type=int, default=2, help="tokenising processes (0 = in this process)")
     pr.set_defaults(func=_prepare)
 

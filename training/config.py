@@ -47,6 +47,11 @@ class VocabConfig:
     min_count: int = 1
     max_size: int = 0  # total size including the specials; 0 = no limit
     unk: str = "<unk>"  # the data's own unknown-word token, if it has one (PTB does)
+    # word: whitespace words (min_count/max_size); subword: an open vocabulary of sentencepiece pieces learnt from
+    # the training text by prepare (training/subword.py), a word scored as the sum of its pieces
+    type: str = "word"
+    pieces: int = 8000  # subword: pieces in the sentencepiece model (specials and 256 byte pieces included)
+    subword_model: str = "unigram"  # subword: unigram | bpe
 
 
 @dataclass
@@ -179,6 +184,8 @@ LINEAR_HEADS = ("full", "slim", "charcnn")
 
 _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),
+    ("vocab", "type"): ("word", "subword"),
+    ("vocab", "subword_model"): ("unigram", "bpe"),
     ("head", "type"): ("full", "adaptive", "class", "tree", "slim", "charcnn"),
     ("head", "bias_init"): ("uniform", "unigram"),
     ("head", "tree"): ("huffman", "clustered", "huffman_clustered", "balanced"),

@@ -170,6 +170,7 @@ class EncodedCorpus:
     ids: np.ndarray
     offsets: np.ndarray
     oov: int
+    text_words: int = -1  # subword pieces as ids: the text's words (for perplexity per word); -1: the ids are words
 
     @property
     def num_sentences(self) -> int:

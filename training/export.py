@@ -32,12 +32,15 @@ from training.atomic import atomic_directory
 from training.batching import SentenceBatches, StreamBatches
 from training.checkpoint import load_model_for_eval, resolve_checkpoint
 from training.config import expand_data_path
-from training.corpus import encode_file, file_fingerprint
+from training.corpus import file_fingerprint
 from training.evaluate import evaluate
 from training.heads.base import per_candidate
 from training.model import LSTMLM
+from training.prepared import open_corpus
+from training.subword import MODEL_FILE, per_word, run_subword_model
 
 FORMAT_VERSION = 2  # rescoring/bundle.py documents and reads this version
+SUBWORD_FORMAT_VERSION = 3  # the same with an open vocabulary: a sentencepiece model in the bundle
 OPSET = 17
 # Exact fp32 graphs must reproduce PyTorch to this per-token tolerance, or export fails.
 PARITY_TOLERANCE = 1e-4
@@ -205,7 +208,8 @@ def export_bundle(
     model.head = model.head.frozen()
     self_normalised = objectives.self_normalised(cfg)  # decided by head and objective together
     heldout = heldout or expand_data_path(cfg.data.valid)
-    corpus = encode_file(heldout, vocab, cfg.data.lowercase)
+    subword = run_subword_model(cfg, ckpt)
+    corpus = open_corpus(heldout, "valid", vocab, cfg.data.lowercase, subword)
     batches = SentenceBatches(corpus, vocab.bos_id, vocab.eos_id, cfg.train.eval_batch_size, shuffle=False)
     exact = evaluate(model, batches, vocab.unk_id)
     stream = {}
@@ -225,13 +229,19 @@ def export_bundle(
                 f"(tolerance {PARITY_TOLERANCE}) on {heldout}"
             )
         vocab.save(tmp / "vocab.tsv")
+        vocab_fields = {"file": "vocab.tsv", "size": len(vocab), "unk": vocab.unk, "bos": "<s>", "eos": "</s>"}
+        words = {}
+        if subword:
+            (tmp / MODEL_FILE).write_bytes(subword.read_bytes())
+            vocab_fields |= {"type": "subword", "subword_model": MODEL_FILE}
+            words = per_word(exact, corpus)
         manifest = {
             "format": "lmserve-bundle",
-            "format_version": FORMAT_VERSION,
+            "format_version": SUBWORD_FORMAT_VERSION if subword else FORMAT_VERSION,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "head": cfg.head.type,
             "normalisation": normalisation_label(self_normalised, exact.logz_mean, exact.logz_std),
-            "vocab": {"file": "vocab.tsv", "size": len(vocab), "unk": vocab.unk, "bos": "<s>", "eos": "</s>"},
+            "vocab": vocab_fields,
             "text": {"tokenizer": "whitespace", "lowercase": cfg.data.lowercase},
             "model": {
                 "layers": cfg.model.layers,
@@ -253,6 +263,7 @@ def export_bundle(
                 "logz_std": exact.logz_std,
                 **stream,
                 **check,
+                **words,
             },
             "training": {"checkpoint": str(ckpt), "config": cfg.to_dict(), "data": training_data(ckpt, cfg)},
             "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())},

@@ -9,6 +9,11 @@ Layout of a prepared dataset directory (format ``lmserve-prepared v1``):
 - ``manifest.json``: the format, the vocabulary settings, each split's input files (path, size, mtime, sha256),
   sentences, words and OOV rate, and the size and sha256 of every file above.
 
+A subword dataset (``VocabSettings.type = "subword"``, ``training.subword``) also holds ``subword.model``, the
+sentencepiece model learnt from the training words (``vocab.subword`` in the manifest: file, sha256, model type,
+pieces), its ``vocab.tsv`` lists the pieces, the ids are piece ids, sentence offsets count pieces, and each split
+records ``pieces`` beside its (whitespace) ``words``.
+
 Preparing streams the text in blocks through worker processes: each block comes back as ids into its own small key
 list; the main process gives every new key a provisional id, writes the provisional ids to a spill file and adds up
 counts. When all text is read, the vocabulary is cut from the training counts and the spill files are mapped to final
@@ -65,15 +70,21 @@ class VocabSettings:
     unk: str = "<unk>"
     file: str = ""
     lowercase: bool = False
+    type: str = "word"  # word | subword (``training.subword``: sentencepiece pieces; min_count/max_size unused)
+    pieces: int = 8000  # subword: the sentencepiece model's size, specials and byte pieces included
+    subword_model: str = "unigram"  # subword: unigram | bpe
 
     def to_dict(self) -> dict:
-        return {
+        settings = {
             "min_count": self.min_count,
             "max_size": self.max_size,
             "unk": self.unk,
             "file": self.file and str(Path(self.file).resolve()),
             "lowercase": self.lowercase,
         }
+        if self.type != "word":  # word datasets keep the manifest they had before subwords existed
+            settings |= {"type": self.type, "pieces": self.pieces, "subword_model": self.subword_model}
+        return settings
 
 
 def id_dtype(vocab_size: int) -> np.dtype:
@@ -188,6 +199,10 @@ def prepare(
         raise ValueError(f"unknown split(s) {sorted(unknown)}: expected {', '.join(SPLITS)}")
     if not inputs.get("train"):
         raise ValueError("prepare needs the training text (--train FILE...)")
+    if settings.type not in ("word", "subword"):
+        raise ValueError(f"vocabulary type {settings.type!r}: expected word or subword")
+    if settings.type == "subword" and settings.file:
+        raise ValueError("a subword vocabulary is learnt by prepare from the training text: no vocabulary file with it")
     paths = {split: [Path(p) for p in inputs[split]] for split in SPLITS if inputs.get(split)}
     for split_paths in paths.values():
         for path in split_paths:
@@ -230,23 +245,33 @@ def prepare(
             }
             print(f"{split}: {sentences:,} sentences, {words:,} words ({time.perf_counter() - start:.0f} s)", file=log)
 
-        vocab = given or Vocabulary.from_counts(
-            provisional.counts(), splits["train"]["sentences"], settings.min_count, settings.max_size, settings.unk
-        )
+        subword = {}
+        if settings.type == "subword":
+            vocab, spelling, subword = _subword_spelling(provisional, splits["train"]["sentences"], settings, tmp)
+        else:
+            vocab = given or Vocabulary.from_counts(
+                provisional.counts(), splits["train"]["sentences"], settings.min_count, settings.max_size, settings.unk
+            )
+            spelling = _Spelling(provisional.final_ids(vocab))
         vocab.save(tmp / VOCAB)
-        final = provisional.final_ids(vocab)
         dtype = id_dtype(len(vocab))
         for split, info in splits.items():
             ids_spill = tmp / f".{split}.provisional"
             writer = _Sha256Writer(tmp / f"{split}.ids.bin")
             oov = 0
+            piece_ends = []  # subword: pieces up to the end of each chunk's words, to move offsets from words to pieces
             with ids_spill.open("rb") as spill:
-                while chunk := spill.read(4 * _CHUNK):
-                    ids = final[np.frombuffer(chunk, dtype=np.uint32)]
+                while chunk := spill.read(4 * (_CHUNK // spelling.longest)):
+                    ids, ends = spelling.ids(np.frombuffer(chunk, dtype=np.uint32))
                     oov += int(np.count_nonzero(ids == vocab.unk_id))
                     writer.write(ids.astype(dtype))
+                    if ends is not None:
+                        piece_ends.append(ends + (piece_ends[-1][-1] if piece_ends else 0))
             ids_spill.unlink()
             info.update(ids=writer.close(), oov=oov, oov_rate=oov / max(1, info["words"]))
+            if settings.type == "subword":
+                info["pieces"] = int(piece_ends[-1][-1]) if piece_ends else 0
+                info["offsets"] = _piece_offsets(tmp / info["offsets"]["file"], piece_ends)
         manifest = {
             "format": FORMAT,
             "vocab": {
@@ -254,6 +279,7 @@ def prepare(
                 "size": len(vocab),
                 "sha256": hashlib.sha256((tmp / VOCAB).read_bytes()).hexdigest(),
                 "settings": settings.to_dict(),
+                **subword,
             },
             "dtype": dtype.str,
             "splits": splits,
@@ -266,6 +292,63 @@ def prepare(
         file=log,
     )
     return manifest
+
+
+class _Spelling:
+    """Provisional word id -> its final ids: one vocabulary id per word, or (subword) a run of piece ids."""
+
+    def __init__(self, flat: np.ndarray, lengths: np.ndarray | None = None):
+        self.flat, self.lengths = flat, lengths
+        self.starts = None if lengths is None else np.cumsum(lengths) - lengths
+        self.longest = 1 if lengths is None or not len(lengths) else max(1, int(lengths.max()))
+
+    def ids(self, provisional: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The words' ids, and (subword) the running number of pieces at the end of each word."""
+        if self.lengths is None:
+            return self.flat[provisional], None
+        lengths = self.lengths[provisional]
+        ends = np.cumsum(lengths)
+        within = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths, lengths)
+        return self.flat[np.repeat(self.starts[provisional], lengths) + within], ends
+
+
+def _subword_spelling(
+    provisional: _ProvisionalVocab, num_sentences: int, settings: VocabSettings, tmp: Path
+) -> tuple[Vocabulary, _Spelling, dict]:
+    """Train the sentencepiece model on the training split's word counts, spell every word met in any split, and
+    order the pieces by their training count (``training.subword``)."""
+    from training import subword
+
+    counts = provisional.counts()
+    counts.pop(settings.unk, None)
+    trained = subword.train_model(counts, settings.pieces, settings.subword_model, tmp / subword.MODEL_FILE, tmp)
+    speller = subword.WordSpeller(tmp / subword.MODEL_FILE, settings.unk)
+    flat, lengths = speller.spell([k.decode("utf-8") for k in provisional.index])
+    train_counts = np.zeros(len(lengths), dtype=np.int64)
+    seen = min(len(lengths), len(provisional.train_counts))
+    train_counts[:seen] = provisional.train_counts[:seen]
+    piece_counts = np.bincount(flat, weights=np.repeat(train_counts, lengths)).astype(np.int64)
+    vocab, to_vocab = speller.vocabulary(piece_counts, num_sentences, settings.unk)
+    model = tmp / subword.MODEL_FILE
+    info = {
+        "type": "subword",
+        "subword": {
+            "file": subword.MODEL_FILE,
+            "sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+            "pieces": len(vocab),
+            **trained,
+        },
+    }
+    return vocab, _Spelling(to_vocab[flat], lengths), info
+
+
+def _piece_offsets(path: Path, piece_ends: list[np.ndarray]) -> dict:
+    """Rewrite a split's sentence offsets, counted in words by the first pass, in pieces."""
+    words = np.fromfile(path, dtype="<i8")
+    ends = np.concatenate([np.zeros(1, dtype=np.int64), *piece_ends])
+    writer = _Sha256Writer(path)
+    writer.write(ends[words].astype("<i8"))
+    return writer.close()
 
 
 def _read_manifest(root: Path) -> dict:
@@ -297,6 +380,9 @@ class PreparedDataset:
             self.dtype = np.dtype(self.manifest["dtype"])
             self.splits: dict[str, dict] = self.manifest["splits"]
             recorded = [(VOCAB, None, self.manifest["vocab"]["sha256"])]
+            if "subword" in self.manifest["vocab"]:
+                model = self.manifest["vocab"]["subword"]
+                recorded.append((model["file"], None, model["sha256"]))
             for info in self.splits.values():
                 for kind in ("ids", "offsets"):
                     recorded.append((info[kind]["file"], info[kind]["bytes"], info[kind]["sha256"]))
@@ -319,9 +405,18 @@ class PreparedDataset:
         info = self.splits[name]
         ids = np.memmap(self.root / info["ids"]["file"], dtype=self.dtype, mode="r")
         offsets = np.memmap(self.root / info["offsets"]["file"], dtype="<i8", mode="r")
-        if len(offsets) != info["sentences"] + 1 or len(ids) != info["words"] or offsets[-1] != len(ids):
+        tokens = info.get("pieces", info["words"])
+        if len(offsets) != info["sentences"] + 1 or len(ids) != tokens or offsets[-1] != len(ids):
             raise PreparedDataError(f"{self.root / info['ids']['file']}: does not match the manifest's counts")
-        return EncodedCorpus(f"{self.root}:{name}", ids, offsets, int(info["oov"]))
+        return EncodedCorpus(
+            f"{self.root}:{name}", ids, offsets, int(info["oov"]), info["words"] if "pieces" in info else -1
+        )
+
+    @property
+    def subword_model(self) -> Path | None:
+        """The sentencepiece model of a subword dataset (``training.subword``), None for words."""
+        model = self.manifest["vocab"].get("subword")
+        return self.root / model["file"] if model else None
 
 
 def _check_file(path: Path, size: int | None, sha256: str) -> None:
@@ -339,10 +434,34 @@ def _check_file(path: Path, size: int | None, sha256: str) -> None:
         raise PreparedDataError(f"{path}: sha256 {digest.hexdigest()} does not match the manifest's {sha256}")
 
 
-def open_corpus(spec: str, default_split: str, vocab: Vocabulary | None, lowercase: bool) -> EncodedCorpus:
+def encode_subword_file(path: str | Path, model: Path, vocab: Vocabulary, lowercase: bool = False) -> EncodedCorpus:
+    """A text file's piece ids under a subword vocabulary (its sentencepiece ``model``), in memory, spelled word by
+    word as ``prepare`` spells them; ``text_words`` counts the words."""
+    from training.subword import WordSpeller
+
+    speller = WordSpeller(model, vocab.unk)
+    to_vocab = speller.vocabulary_map(vocab, model)
+    ids, lengths, words = [], [], 0
+    for block in text_blocks(path, lowercase):
+        part = tokenise_block(block)
+        flat, spelled = speller.spell([k.decode("utf-8") for k in part.keys])
+        pieces, ends = _Spelling(to_vocab[flat], spelled).ids(part.ids)
+        ends = np.concatenate(([0], ends if ends is not None else []))
+        ids.append(pieces)
+        lengths.append(np.diff(ends[np.concatenate(([0], np.cumsum(part.lengths)))]))
+        words += len(part.ids)
+    array = np.concatenate(ids)
+    offsets = np.concatenate(([0], np.cumsum(np.concatenate(lengths))))
+    return EncodedCorpus(str(path), array, offsets, int((array == vocab.unk_id).sum()), words)
+
+
+def open_corpus(
+    spec: str, default_split: str, vocab: Vocabulary | None, lowercase: bool, subword_model: Path | None = None
+) -> EncodedCorpus:
     """A data path of a config or the command line as a corpus: a prepared dataset directory (its ``default_split``,
-    or ``DIR:SPLIT``) read with ``np.memmap``, or a text file encoded in memory. ``vocab`` None means the prepared
-    dataset's own; otherwise a prepared dataset must have been made with exactly that vocabulary."""
+    or ``DIR:SPLIT``) read with ``np.memmap``, or a text file encoded in memory (into pieces of ``subword_model``
+    when the vocabulary is a subword one). ``vocab`` None means the prepared dataset's own; otherwise a prepared
+    dataset must have been made with exactly that vocabulary."""
     root, split = spec, default_split
     if not Path(spec).exists() and ":" in spec and is_prepared(spec.rsplit(":", 1)[0]):
         root, split = spec.rsplit(":", 1)
@@ -360,6 +479,8 @@ def open_corpus(spec: str, default_split: str, vocab: Vocabulary | None, lowerca
         return dataset.split(split)
     if vocab is None:
         raise PreparedDataError(f"{spec}: a text file needs a vocabulary (none given)")
+    if subword_model is not None:
+        return encode_subword_file(spec, subword_model, vocab, lowercase)
     return encode_file(spec, vocab, lowercase)
 
 

@@ -129,7 +129,16 @@ def prepare_run_data(cfg: Config, run_dir: Path) -> None:
         return
     texts = {s: [expand_data_path(getattr(d, s))] for s in SPLITS if getattr(d, s)}
     texts = {s: paths for s, paths in texts.items() if not _split_source(paths[0])}
-    settings = VocabSettings(v.min_count, v.max_size, v.unk, v.file and expand_data_path(v.file), d.lowercase)
+    settings = VocabSettings(
+        v.min_count,
+        v.max_size,
+        v.unk,
+        v.file and expand_data_path(v.file),
+        d.lowercase,
+        v.type,
+        v.pieces,
+        v.subword_model,
+    )
     prepare(texts, run_dir / "data", settings, workers=0)
 
 
