@@ -6,6 +6,7 @@ multi-piece candidate words, per-word interpolation with a word n-gram, and serv
 
 import json
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -240,3 +241,6 @@ def test_serving_a_subword_model(run, ngram):
             total, state = total + steps[0].neural, steps[0].state
         (alone,) = client.score_sentences(["unjumped zzqx"], "sub").sentences
         assert total == pytest.approx(alone.neural.logprob, abs=1e-4)
+        with pytest.raises(grpc.RpcError) as info:  # no word list to rank: candidates are needed
+            client.score_next_words([], b"", "sub", top_k=3)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "open-vocabulary" in info.value.details()

@@ -77,6 +77,8 @@ def _export(args) -> int:
         f"std {held['logz_std']:.3f}, max |ONNX - PyTorch| {held['max_abs_diff']:.1e}",
         file=sys.stderr,
     )
+    if "ppl_per_word" in held:
+        print(f"subword model: held-out perplexity per word {held['ppl_per_word']:.2f}", file=sys.stderr)
     for warning in export_warnings(manifest):
         print(f"lm-train: warning: {warning}", file=sys.stderr)
     return 0

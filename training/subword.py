@@ -25,7 +25,8 @@ from training.vocab import BOS, EOS, VocabError, Vocabulary
 
 MODEL_FILE = "subword.model"
 MODEL_TYPES = ("unigram", "bpe")
-TRAINING_WORDS = 1_000_000  # the most frequent distinct training words (with their counts) sentencepiece learns from
+TRAINING_WORDS = 200_000  # the most frequent distinct training words (with their counts) sentencepiece learns from:
+# unigram training took 8.5 s and 544 MB on Gutenberg's 65,793 (BPE 0.7 s, 58 MB), and grows with the words given
 
 
 def train_model(word_counts: Mapping[str, int], pieces: int, model_type: str, path: Path, scratch: Path) -> dict:
