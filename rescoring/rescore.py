@@ -23,7 +23,7 @@ from rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from rescoring.ngram import NgramLM
 from rescoring.scorer import Scorer
 from rescoring.textnorm import PRESETS, TextNormalizer
-from rescoring.tune import TuneResult, TuningSet, cross_validate, tune_weights
+from rescoring.tune import TuneResult, TuningSet, tune_guarded, tune_weights
 
 RESCORE_FEATURE = "rescore"  # the combined score, added to every hypothesis of a reranked list
 
@@ -163,6 +163,7 @@ class Tuned:
     by_lambda: dict[float | None, float]  # dev metric per λ tried
     cross_validation: dict | None = None
     data: TuningSet | None = field(default=None, repr=False)  # the dev set at the chosen λ (for plots around it)
+    adopted: bool = True  # False: cross-validation did not improve enough folds, the weights are the starting ones
 
 
 def tune(
@@ -173,12 +174,17 @@ def tune(
     fixed: str | None = None,
     lambdas: Sequence[float] = (0.5,),
     folds: int = 0,
+    require_folds: int = 0,
     **tune_args,
 ) -> Tuned:
     """Tune weights on ``nbest`` (a dev set: never the test set), trying each λ when ``interp`` is used.
 
     With ``folds`` > 1 the reported held-out figure comes from k-fold cross-validation (weights tuned without the fold
-    they choose for); the returned weights are then tuned on the whole set, for use on other data.
+    they choose for); the returned weights are then tuned on the whole set, for use on other data. With
+    ``require_folds`` > 0 they are used only when the tuned weights beat the starting ones on at least that many
+    held-out folds; otherwise the starting weights (the first pass alone) are returned, ``adopted`` False: gains that
+    do not hold across parts of the dev list do not hold on other lists either (BENCHMARKS.md, "Tuning that
+    transfers"), and rescoring that changes nothing is better than rescoring that makes a list worse.
     """
     best = None
     by_lambda = {}
@@ -199,19 +205,15 @@ def tune(
         if better:
             best = (trial, result, data)
     trial, result, data = best
-    trial.weights = result.weights
     cv = None
+    adopted = True
     if folds > 1:
-        cv_result = cross_validate(data, k=folds, fixed=fixed, **tune_args)
-        cv = {
-            "folds": folds,
-            "heldout_metric": cv_result.heldout_metric,
-            "baseline_metric": cv_result.baseline_metric,
-            "fold_metrics": [f.heldout_metric for f in cv_result.folds],
-            "fold_weights": [f.weights for f in cv_result.folds],
-            "chosen": cv_result.chosen.tolist(),
-        }
-    return Tuned(trial, result, by_lambda, cv, data)
+        guarded = tune_guarded(data, folds, require_folds, result=result, fixed=fixed, **tune_args)
+        result, adopted = guarded.result, guarded.adopted
+        cv = {**guarded.cross_validation.summary(), "required_folds": require_folds}
+        cv["chosen"] = guarded.cross_validation.chosen.tolist()
+    trial.weights = result.weights
+    return Tuned(trial, result, by_lambda, cv, data, adopted)
 
 
 def report(nbest: NBestList, chosen: Sequence[int], metric: str, bootstrap_samples: int = 1000) -> dict:

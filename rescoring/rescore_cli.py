@@ -49,7 +49,7 @@ from rescoring.rescore import (
 )
 from rescoring.rescore import tune as tune_setup
 from rescoring.textnorm import PRESETS
-from rescoring.tune import METHODS, read_weights, write_weights
+from rescoring.tune import METHODS, check_bounds, format_stability, parse_bounds, read_weights, write_weights
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -64,7 +64,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--methods", default=",".join(METHODS), help=f"scipy methods among {', '.join(METHODS)}")
     tune.add_argument("--restarts", type=int, default=5, help="random restarts per method (besides the first run)")
     tune.add_argument("--seed", type=int, default=0)
-    tune.add_argument("--cv", type=int, default=0, help="k-fold cross-validation on the dev list (small sets)")
+    tune.add_argument("--cv", type=int, default=0, help="k-fold cross-validation on the dev list (weights' stability)")
+    tune.add_argument(
+        "--require-folds", type=int, default=0, help="keep the first pass unless this many --cv folds gain"
+    )
+    tune.add_argument("--bounds", default="", metavar="NAME=LOW:HIGH,...", help="weight limits, e.g. interp=0:")
+    tune.add_argument("--penalty", type=float, default=0.0, help="α of α·Σu² on the rescaled weights (metric units)")
     tune.add_argument("--out", required=True, type=Path, help="weights file (JSON) to write")
     _report_arguments(tune)
     tune.set_defaults(func=run_tune)
@@ -211,6 +216,11 @@ def run_tune(args) -> int:
     lambdas, methods = _lambdas(args.lambdas), _methods(args.methods)
     if args.fixed is not None and args.fixed not in setup.features:
         raise ValueError(f"--fixed {args.fixed!r}: not one of --features {','.join(setup.features)}")
+    bounds = check_bounds(parse_bounds(args.bounds), setup.features, args.fixed or setup.features[0])
+    if not args.penalty >= 0:
+        raise ValueError(f"--penalty {args.penalty}: expected a number >= 0")
+    if args.require_folds and not 0 < args.require_folds <= args.cv:
+        raise ValueError(f"--require-folds {args.require_folds}: expected 1 to --cv ({args.cv})")
     check_writable(args.out, "--out")
     check_writable(_cache_path(args), "--cache")
     if args.html:
@@ -226,9 +236,11 @@ def run_tune(args) -> int:
     lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
     tuned = tune_setup(
         nbest, setup, lm_scores, args.metric, args.fixed, lambdas, args.cv,
-        methods=methods, restarts=args.restarts, seed=args.seed,
+        methods=methods, restarts=args.restarts, seed=args.seed, bounds=bounds, penalty=args.penalty,
+        require_folds=args.require_folds,
     )  # fmt: skip
     extra = {"cross_validation": tuned.cross_validation} if tuned.cross_validation else {}
+    extra["adopted"] = tuned.adopted
     extra["dev_metric_by_lambda"] = {str(k): v for k, v in tuned.by_lambda.items()}
     if leakage:
         extra["overlap"] = leakage
@@ -256,6 +268,9 @@ def run_tune(args) -> int:
         print(
             f"{cv['folds']}-fold cross-validation: held-out {args.metric} {cv['heldout_metric']:.2f} (baseline {cv['baseline_metric']:.2f})"
         )
+    print(format_stability(r, tuned.cross_validation))
+    if not tuned.adopted:
+        print(f"fewer than {args.require_folds} folds gained: the first pass alone is kept ({r.fixed} = 1)")
     print("weights: " + ", ".join(f"{k}={v:.4g}" for k, v in r.weights.items()) + f"  -> {args.out}")
     print(f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)
     return 0

@@ -22,6 +22,12 @@ Why it is done this way:
   Steps and random starts are in those units.
 - Ties go to the lower rank, as everywhere in ``rescoring.metrics``; the best point found is kept only when it is
   strictly better, so a search that finds nothing returns its starting weights.
+- A flat surface lets many weight vectors tie on the dev set, and the best of them there is often not the best
+  elsewhere (on LibriSpeech, six correlated features tuned on dev_clean made dev_other worse). Two guards keep the
+  search near sensible weights: ``bounds`` (per feature, in weight units, e.g. an LM weight of at least 0) and a
+  ``penalty`` α·Σu² on the rescaled weights u, added to the metric, so that of two points the dev set cannot tell
+  apart the one closer to the first pass wins. Every run's weights are kept, and ``weight_spread`` says how far
+  apart they are: weights that move a lot between restarts or folds are not determined by the data.
 """
 
 from __future__ import annotations
@@ -172,7 +178,13 @@ class TuneResult:
     fixed: str
     dev_set: str
     signature: str
-    settings: dict  # methods, restarts, seed, maxfev: what reproduces the search
+    settings: dict  # methods, restarts, seed, maxfev, bounds, penalty: what reproduces the search
+    run_weights: list[dict[str, float]] = field(default_factory=list)  # each run's best point, in ``runs`` order
+
+    @property
+    def weight_spread(self) -> dict[str, dict[str, float]]:
+        """Per weight its spread over the runs (restarts of every method): see ``weight_spread``."""
+        return weight_spread(self.run_weights)
 
 
 def tune_weights(
@@ -183,18 +195,23 @@ def tune_weights(
     restarts: int = 5,
     seed: int = 0,
     maxfev: int = 1000,
+    bounds: Mapping[str, tuple[float | None, float | None]] | None = None,
+    penalty: float = 0.0,
 ) -> TuneResult:
     """Search the weights that give the best corpus metric on ``dev`` (module docstring for how and why).
 
     Restart 0 of each method starts from ``init`` (default: ``fixed`` = 1, the rest 0, i.e. the baseline choice);
-    restarts 1.. start from random rescaled weights drawn from N(0, 1) with random search directions.
+    restarts 1.. start from random rescaled weights drawn from N(0, 1), clipped into ``bounds``, with random search
+    directions. ``bounds``: per feature (low, high) in weight units, None for no limit; ``penalty``: α of the
+    α·Σu² term (rescaled weights u) added to the metric (in its units, e.g. WER %) that the search minimises; the
+    reported metrics are the metric alone.
     """
     names = dev.feature_names
     fixed = names[0] if fixed is None else fixed
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise ValueError(f"methods must be some of {METHODS}, got {list(methods)}")
-    start = _start_weights(names, fixed, init)
+    start = start_weights(names, fixed, init)
     k = names.index(fixed)
     free = [i for i in range(len(names)) if i != k]
     spread = dev.within_list_spread()
@@ -206,25 +223,36 @@ def tune_weights(
         w[k], w[free] = 1.0, u * unit
         return w
 
+    if penalty < 0 or not math.isfinite(penalty):
+        raise ValueError(f"penalty must be a finite number >= 0, got {penalty}")
+    low, high = _rescaled_bounds(names, fixed, bounds, unit)
+    free_low, free_high = low[free], high[free]
     sign = -1.0 if metrics.HIGHER_IS_BETTER[dev.metric] else 1.0
-    u0 = np.array([start[names[i]] for i in free]) / unit
+
+    def objective(u: np.ndarray) -> float:
+        u = np.clip(u, free_low, free_high)  # (Powell and Nelder-Mead honour bounds; a start is clipped too)
+        return sign * dev.evaluate(weights_of(u)) + penalty * float(u @ u)
+
+    u0 = np.clip(np.array([start[names[i]] for i in free]) / unit, free_low, free_high)
     baseline = dev.evaluate(weights_of(u0))
-    best_u, best_value = u0, baseline
-    runs = []
+    best_u, best_objective = u0, objective(u0)
+    runs, run_weights = [], []
     rng = np.random.default_rng(seed)
+    search_bounds = list(zip(free_low, free_high, strict=True)) if bounds else None
     for method in methods:
         for restart in range(restarts + 1):
-            x0 = u0 if restart == 0 else rng.standard_normal(len(free))
-            u, value = _search(lambda u: sign * dev.evaluate(weights_of(u)), x0, method, rng, maxfev)
-            value = float(sign * value)
-            runs.append((method, restart, value))
-            if sign * value < sign * best_value:
-                best_u, best_value = u, value
+            x0 = u0 if restart == 0 else np.clip(rng.standard_normal(len(free)), free_low, free_high)
+            u, value = _search(objective, x0, method, rng, maxfev, search_bounds)
+            u = np.clip(u, free_low, free_high)
+            runs.append((method, restart, dev.evaluate(weights_of(u))))
+            run_weights.append(dict(zip(names, (float(w) for w in weights_of(u)), strict=True)))
+            if value < best_objective:
+                best_u, best_objective = u, value
     values = np.array([v for _, _, v in runs])
     return TuneResult(
         weights=dict(zip(names, (float(w) for w in weights_of(best_u)), strict=True)),
         metric=dev.metric,
-        dev_metric=best_value,
+        dev_metric=dev.evaluate(weights_of(best_u)),
         baseline_metric=baseline,
         runs=runs,
         spread={
@@ -236,11 +264,118 @@ def tune_weights(
         fixed=fixed,
         dev_set=dev.name,
         signature=dev.signature,
-        settings={"methods": list(methods), "restarts": restarts, "seed": seed, "maxfev": maxfev},
+        settings={
+            "methods": list(methods),
+            "restarts": restarts,
+            "seed": seed,
+            "maxfev": maxfev,
+            "bounds": {f: list(b) for f, b in (bounds or {}).items()},
+            "penalty": penalty,
+        },
+        run_weights=run_weights,
     )
 
 
-def _search(objective, x0: np.ndarray, method: str, rng: np.random.Generator, maxfev: int) -> tuple[np.ndarray, float]:
+def weight_spread(weights: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """Per feature the mean, standard deviation, min and max of its weight over ``weights`` (runs or folds), and
+    ``sign_agreement``: the share of them whose weight has the sign of the mean (1.0: all agree)."""
+    if not weights:
+        return {}
+    out = {}
+    for name in weights[0]:
+        w = np.array([x[name] for x in weights], dtype=np.float64)
+        mean = float(w.mean())
+        out[name] = {
+            "mean": mean,
+            "std": float(w.std()),
+            "min": float(w.min()),
+            "max": float(w.max()),
+            "sign_agreement": float(np.mean(np.sign(w) == np.sign(mean))),
+        }
+    return out
+
+
+def parse_bounds(text: str) -> dict[str, tuple[float | None, float | None]]:
+    """``"interp=0:,length=-2:2"`` -> ``{"interp": (0.0, None), "length": (-2.0, 2.0)}`` (empty side: no limit)."""
+    bounds: dict[str, tuple[float | None, float | None]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, limits = item.partition("=")
+        low, colon, high = limits.partition(":")
+        try:
+            pair = tuple(None if not x.strip() else float(x) for x in (low, high))
+        except ValueError:
+            pair = None
+        if (
+            not sep
+            or not colon
+            or not name.strip()
+            or pair is None
+            or any(x is not None and not math.isfinite(x) for x in pair)
+        ):
+            raise ValueError(f"bounds {item!r}: expected NAME=LOW:HIGH (either side may be empty), e.g. interp=0:")
+        if pair[0] is not None and pair[1] is not None and pair[0] > pair[1]:
+            raise ValueError(f"bounds {item!r}: the low limit is above the high one")
+        bounds[name.strip()] = pair
+    return bounds
+
+
+def check_bounds(
+    bounds: dict[str, tuple[float | None, float | None]], names: Sequence[str], fixed: str
+) -> dict[str, tuple[float | None, float | None]]:
+    """``bounds`` when each names a tuned feature (one of ``names`` other than ``fixed``); else a ValueError."""
+    for name in bounds:
+        if name not in names or name == fixed:
+            raise ValueError(
+                f"bounds name {name!r}: expected one of the tuned features {[n for n in names if n != fixed]}"
+            )
+    return bounds
+
+
+def format_stability(result: TuneResult, cross_validation: Mapping | None = None) -> str:
+    """The weights' spread over the search's runs (and over cross-validation folds), one line per weight, for
+    ``lm-rescore tune``: a weight whose spread is as large as itself, or whose sign changes, is not determined by
+    the dev list."""
+    sources = [("runs", len(result.run_weights), result.weight_spread)]
+    if cross_validation:
+        sources.append(("folds", cross_validation["folds"], cross_validation["weight_spread"]))
+    lines = ["weight stability (mean ± std [min, max], share with the mean's sign):"]
+    for name in result.weights:
+        if name == result.fixed:
+            continue
+        parts = [
+            f"{label} ({n}): {s[name]['mean']:+.4g} ± {s[name]['std']:.3g} [{s[name]['min']:+.4g}, {s[name]['max']:+.4g}]"
+            f" {s[name]['sign_agreement']:.0%}"
+            for label, n, s in sources
+        ]
+        lines.append(f"  {name}: " + "; ".join(parts))
+    if cross_validation:
+        cv = cross_validation
+        gains = ", ".join(f"{g:+.3f}" for g in cv["fold_gains"])
+        lines.append(
+            f"  held-out gain per fold (baseline - tuned): {gains}; {cv['folds_improved']}/{cv['folds']} improved"
+        )
+    return "\n".join(lines)
+
+
+def _rescaled_bounds(
+    names: Sequence[str], fixed: str, bounds: Mapping[str, tuple[float | None, float | None]] | None, unit: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per feature (fixed included, unbounded) the low and high limits of its rescaled weight."""
+    low, high = np.full(len(names), -np.inf), np.full(len(names), np.inf)
+    free = [i for i, name in enumerate(names) if name != fixed]
+    for name, (lo, hi) in (bounds or {}).items():
+        if name not in names or name == fixed:
+            raise ValueError(f"bounds name {name!r}: expected one of the tuned features {[names[i] for i in free]}")
+        j = names.index(name)
+        scale = unit[free.index(j)]
+        low[j] = -np.inf if lo is None else lo / scale
+        high[j] = np.inf if hi is None else hi / scale
+    return low, high
+
+
+def _search(
+    objective, x0: np.ndarray, method: str, rng: np.random.Generator, maxfev: int, bounds: list | None = None
+) -> tuple[np.ndarray, float]:
     """One scipy run; returns the best point it *evaluated* (kept only when strictly better than the start).
 
     Steps are one rescaled unit along random orthonormal directions: big enough to leave a plateau. Tolerances are
@@ -264,7 +399,7 @@ def _search(objective, x0: np.ndarray, method: str, rng: np.random.Generator, ma
         # imported here: half a second, which lm-rescore's validation errors need not wait for
         from scipy.optimize import minimize
 
-        minimize(tracked, x0, method=method, options=options)
+        minimize(tracked, x0, method=method, options=options, bounds=bounds)
     return best[0], best[1]
 
 
@@ -274,6 +409,7 @@ class Fold:
     weights: dict[str, float]
     dev_metric: float  # on the other folds, where the weights were tuned
     heldout_metric: float
+    heldout_baseline: float  # the starting weights on the held-out fold: what the tuned weights must beat
 
 
 @dataclass
@@ -284,6 +420,31 @@ class CrossValidation:
     chosen: np.ndarray  # per utterance the held-out choice
     folds: list[Fold]
 
+    @property
+    def folds_improved(self) -> int:
+        """Folds whose held-out part the tuned weights made strictly better than the starting weights did."""
+        better = (lambda a, b: a > b) if metrics.HIGHER_IS_BETTER[self.metric] else (lambda a, b: a < b)
+        return sum(better(f.heldout_metric, f.heldout_baseline) for f in self.folds)
+
+    @property
+    def weight_spread(self) -> dict[str, dict[str, float]]:
+        """Per weight its spread over the folds' tunings (``weight_spread``)."""
+        return weight_spread([f.weights for f in self.folds])
+
+    def summary(self) -> dict:
+        """The figures a weights file or a benchmark records (per fold: held-out metric, its baseline, weights)."""
+        return {
+            "folds": len(self.folds),
+            "heldout_metric": self.heldout_metric,
+            "baseline_metric": self.baseline_metric,
+            "folds_improved": self.folds_improved,
+            "fold_metrics": [f.heldout_metric for f in self.folds],
+            "fold_baselines": [f.heldout_baseline for f in self.folds],
+            "fold_gains": [f.heldout_baseline - f.heldout_metric for f in self.folds],
+            "fold_weights": [f.weights for f in self.folds],
+            "weight_spread": self.weight_spread,
+        }
+
 
 def fold_indices(n: int, k: int, seed: int = 0) -> list[np.ndarray]:
     """A seeded random partition of range(n) into k folds of near-equal size (each sorted)."""
@@ -292,24 +453,64 @@ def fold_indices(n: int, k: int, seed: int = 0) -> list[np.ndarray]:
     return [np.sort(f) for f in np.array_split(np.random.default_rng(seed).permutation(n), k)]
 
 
-def cross_validate(data: TuningSet, k: int = 5, seed: int = 0, **tune_args) -> CrossValidation:
+def cross_validate(data: TuningSet, k: int = 5, seed: int = 0, tuner=None, **tune_args) -> CrossValidation:
     """k-fold cross-validation over utterances: for small sets where a separate dev set would leave too little.
 
     Fold j's weights are tuned on the other k-1 folds only and choose the hypotheses of fold j; the pooled
     held-out metric over all utterances estimates what tuned weights do on unseen data (the dev metric of
     ``tune_weights`` on the whole set is optimistic). ``tune_args`` go to ``tune_weights``; fold j searches with
-    seed ``seed + j``."""
+    seed ``seed + j``. ``tuner`` (default ``tune_weights``) takes the same arguments and returns a ``TuneResult``:
+    e.g. ``guarded_tuner``, to cross-validate a recipe that includes its own guard."""
+    tuner = tuner or tune_weights
+    start = start_weights(data.feature_names, tune_args.get("fixed") or data.feature_names[0], tune_args.get("init"))
+    start_vector = np.array([start[f] for f in data.feature_names])
     chosen = np.zeros(len(data), dtype=np.int64)
     folds = []
     for j, heldout in enumerate(fold_indices(len(data), k, seed)):
         train = np.setdiff1d(np.arange(len(data)), heldout)
-        result = tune_weights(data.subset(train, f"{data.name}[not fold {j}]"), seed=seed + j, **tune_args)
+        result = tuner(data.subset(train, f"{data.name}[not fold {j}]"), seed=seed + j, **tune_args)
         test = data.subset(heldout, f"{data.name}[fold {j}]")
         chosen[heldout] = test.choose(np.array([result.weights[f] for f in data.feature_names]))
-        folds.append(Fold(heldout, result.weights, result.dev_metric, test.score(chosen[heldout])))
-    start = _start_weights(data.feature_names, tune_args.get("fixed") or data.feature_names[0], tune_args.get("init"))
-    baseline = data.evaluate(np.array([start[f] for f in data.feature_names]))
-    return CrossValidation(data.metric, data.score(chosen), baseline, chosen, folds)
+        fold = Fold(
+            heldout, result.weights, result.dev_metric, test.score(chosen[heldout]), test.evaluate(start_vector)
+        )
+        folds.append(fold)
+    return CrossValidation(data.metric, data.score(chosen), data.evaluate(start_vector), chosen, folds)
+
+
+@dataclass
+class Guarded:
+    result: TuneResult  # weights tuned on the whole set, or the starting weights when not adopted
+    cross_validation: CrossValidation
+    adopted: bool
+
+
+def tune_guarded(
+    data: TuningSet,
+    folds: int = 5,
+    require_folds: int = 5,
+    seed: int = 0,
+    result: TuneResult | None = None,
+    **tune_args,
+) -> Guarded:
+    """``tune_weights`` on the whole set (or ``result``, a search of it already run), kept only when k-fold
+    cross-validation of the same search beats the starting weights on at least ``require_folds`` held-out folds;
+    otherwise the starting weights (the first pass alone): a gain that does not hold across parts of the dev list
+    does not hold on other lists either."""
+    if not 0 <= require_folds <= folds:
+        raise ValueError(f"require_folds {require_folds}: expected 0 to the number of folds ({folds})")
+    result = result or tune_weights(data, seed=seed, **tune_args)
+    cv = cross_validate(data, k=folds, seed=seed, **tune_args)
+    adopted = cv.folds_improved >= require_folds
+    if not adopted:
+        start = start_weights(data.feature_names, result.fixed, tune_args.get("init"))
+        result = replace(result, weights=start, dev_metric=result.baseline_metric)
+    return Guarded(result, cv, adopted)
+
+
+def guarded_tuner(folds: int = 5, require_folds: int = 5):
+    """``tune_guarded`` as a ``tuner`` for ``cross_validate`` (nested cross-validation of a guarded recipe)."""
+    return lambda data, **tune_args: tune_guarded(data, folds, require_folds, **tune_args).result
 
 
 def apply_weights(
@@ -351,6 +552,7 @@ def write_weights(path: str | Path, result: TuneResult, setup: Mapping | None = 
         "baseline_metric": result.baseline_metric,
         "signature": result.signature,
         "spread": result.spread,
+        "weight_spread": result.weight_spread,  # per weight, over the search's runs
         "settings": result.settings,
         "setup": setup,
         **extra,
@@ -409,7 +611,7 @@ def _check_nbest(name: str, features: Sequence[np.ndarray], nbest: Sequence[Sequ
             raise ValueError(f"{name}: utterance {i}: {len(x)} feature rows but {len(hyps)} hypotheses")
 
 
-def _start_weights(names: Sequence[str], fixed: str, init: Mapping[str, float] | None) -> dict[str, float]:
+def start_weights(names: Sequence[str], fixed: str, init: Mapping[str, float] | None) -> dict[str, float]:
     """The search's starting point: ``fixed`` = 1, the rest 0, overridden by ``init``."""
     if fixed not in names:
         raise ValueError(f"fixed feature {fixed!r} is not one of {tuple(names)}")
