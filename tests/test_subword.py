@@ -244,3 +244,25 @@ def test_serving_a_subword_model(run, ngram):
         with pytest.raises(grpc.RpcError) as info:  # no word list to rank: candidates are needed
             client.score_next_words([], b"", "sub", top_k=3)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "open-vocabulary" in info.value.details()
+
+
+def test_fit_on_a_prepared_subword_dataset_reads_text_splits_in_pieces(tmp_path, capsys):
+    """data.train a prepared subword dataset, data.valid a text file: the text is spelled with the dataset's model
+    (as eval and export spell it), not looked up as words among the pieces."""
+    train = write_corpus(tmp_path / "train.txt", corpus_of(200, 1))
+    valid = write_corpus(tmp_path / "valid.txt", corpus_of(30, 2))
+    prepare({"train": [train]}, tmp_path / "data", VocabSettings(type="subword", pieces=PIECES), workers=0)
+    corpus = {"train": tmp_path / "data", "valid": valid, "test": valid}
+    config = tmp_path / "c.toml"
+    config.write_text(
+        tiny_config_text(corpus, "sentence", "full", train={"epochs": 1}, vocab={"type": "subword", "pieces": PIECES})
+    )
+    assert main(["fit", str(config), "--out", str(tmp_path / "run")]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["valid_oov_rate"] == 0.0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--file", str(valid), "--mode", "sentence"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["tokens"] == results["valid"]["tokens"]
+    assert evaluated["ppl"] == pytest.approx(results["valid"]["ppl"], rel=1e-5)
+    assert evaluated["words"] == 30 + sum(len(s.split()) for s in corpus_of(30, 2))

@@ -44,7 +44,7 @@ def _eval(args) -> int:
         cfg.train.eval_batch_size = args.batch_size
     if args.threads:
         torch.set_num_threads(args.threads)
-    subword = run_subword_model(cfg, resolve_checkpoint(args.checkpoint))
+    subword = run_subword_model(cfg, resolve_checkpoint(args.checkpoint).parents[1])
     corpus = open_corpus(args.file, "test", vocab, cfg.data.lowercase, subword)
     result = evaluate(model, make_batcher(cfg, corpus, vocab, training=False), vocab.unk_id)
     print(f"{args.file} ({cfg.data.mode} mode): {describe(result, corpus.oov_rate)}", file=sys.stderr)

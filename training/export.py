@@ -208,7 +208,7 @@ def export_bundle(
     model.head = model.head.frozen()
     self_normalised = objectives.self_normalised(cfg)  # decided by head and objective together
     heldout = heldout or expand_data_path(cfg.data.valid)
-    subword = run_subword_model(cfg, ckpt)
+    subword = run_subword_model(cfg, ckpt.parents[1])
     corpus = open_corpus(heldout, "valid", vocab, cfg.data.lowercase, subword)
     batches = SentenceBatches(corpus, vocab.bos_id, vocab.eos_id, cfg.train.eval_batch_size, shuffle=False)
     exact = evaluate(model, batches, vocab.unk_id)

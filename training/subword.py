@@ -115,15 +115,15 @@ def per_word(result, corpus) -> dict:
     return {"words": words, "ppl_per_word": math.exp(math.log(result.ppl) * result.tokens / words)}
 
 
-def run_subword_model(cfg, ckpt: Path) -> Path | None:
-    """The sentencepiece model of a subword run's checkpoint: the one in the run's prepared training dataset
-    (``data.train``, or ``RUN/data`` made from text files); None for a word vocabulary."""
+def run_subword_model(cfg, run_dir: Path) -> Path | None:
+    """The sentencepiece model of a subword run (a checkpoint's run is ``ckpt.parents[1]``): the one in the run's
+    prepared training dataset (``data.train``, or ``RUN/data`` made from text files); None for a word vocabulary."""
     if cfg.vocab.type != "subword":
         return None
     from training.prepared import PreparedDataset
     from training.trainer import training_dataset
 
-    dataset = training_dataset(cfg, Path(ckpt).resolve().parents[1])
+    dataset = training_dataset(cfg, Path(run_dir).resolve())
     model = PreparedDataset(dataset).subword_model
     if model is None:
         raise VocabError(f"{dataset}: vocab.type is subword, but this prepared dataset has a word vocabulary")

@@ -46,6 +46,7 @@ from training.evaluate import EvalResult, evaluate, flatten
 from training.model import LSTMLM
 from training.objectives import build_objective
 from training.prepared import SPLITS, PreparedDataset, VocabSettings, is_prepared, open_corpus, prepare
+from training.subword import run_subword_model
 from training.vocab import Vocabulary
 
 
@@ -153,7 +154,7 @@ def load_data(cfg: Config, vocab: Vocabulary, run_dir: Path) -> Data:
         spec = expand_data_path(spec)
         if _split_source(spec) is None and is_prepared(text_root) and split in PreparedDataset(text_root).splits:
             return open_corpus(str(text_root), split, vocab, d.lowercase)
-        return open_corpus(spec, split, vocab, d.lowercase)
+        return open_corpus(spec, split, vocab, d.lowercase, run_subword_model(cfg, run_dir))  # subword: text in pieces
 
     return Data(corpus("train"), corpus("valid"), corpus("test"))
 
