@@ -169,11 +169,17 @@ def test_per_word_scores_match_pytorch(run, scorer):
     assert len(scorer.encode("unjumped zzqx")[1]) > 2  # several pieces per word: the test tests something
 
 
-def test_nbest_prefix_sharing_gives_the_same_per_word_scores(scorer):
+@pytest.mark.parametrize("tails", [False, True])
+def test_nbest_prefix_sharing_gives_the_same_per_word_scores(run, tails):
+    """Stepped through the shared prefix trees, and with each hypothesis' own tail through the sentences graph."""
+    scorer = Scorer(run[2], threads=1)
+    if tails:
+        scorer.tails_min_batches = 0  # tails however few lists there are
     lists = [["rewalking talkers", "rewalking talker", "rewalking", "rewalk talkers"], ["sing", "singing", ""]]
     shared = scorer.score_nbest(lists)
     for hyps, scores in zip(lists, shared, strict=True):
         for alone, score in zip(scorer.score(hyps), scores, strict=True):
+            assert score.words == alone.words
             np.testing.assert_allclose(score.token_logprobs, alone.token_logprobs, atol=1e-4)
 
 
