@@ -180,11 +180,15 @@ def test_cli_tune_then_rescore_and_tuning_never_opens_the_test_set(bundles, ngra
     sys.addaudithook(audit)
     common = ["--lm", str(bundles[("full", 0.0)][1]), "--ngram", str(ngram_model), "--threads", "1"]
     args = ["tune", str(dev), *common, "--metric", "wer", "--features", "am,neural,ngram,length", "--fixed", "am"]
-    assert rescore_main([*args, "--restarts", "1", "--cv", "3", "--out", str(weights)]) == 0
+    guard = ["--bounds", "neural=0:", "--require-folds", "3"]
+    assert rescore_main([*args, "--restarts", "1", "--cv", "3", *guard, "--out", str(weights)]) == 0
     assert not [p for p in opened if p.endswith("test.jsonl")]
     record = json.loads(weights.read_text())
     assert record["features"] == ["am", "neural", "ngram", "length"] and record["cross_validation"]["folds"] == 3
-    capsys.readouterr()
+    assert record["adopted"] and record["cross_validation"]["folds_improved"] == 3 and record["weights"]["neural"] >= 0
+    assert set(record["weight_spread"]) == set(record["cross_validation"]["weight_spread"]) == set(record["features"])
+    printed = capsys.readouterr().out
+    assert "weight stability" in printed and "runs (4):" in printed and "folds (3):" in printed
 
     out, rep = tmp_path / "test.rescored.jsonl", tmp_path / "test.report.json"
     assert rescore_main(["nbest", str(test), "--weights", str(weights), "--out", str(out), "--report", str(rep)]) == 0
@@ -208,6 +212,15 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
         == 2
     )
     assert "missing.json" in capsys.readouterr().err
+    tune = ["tune", str(dev), "--metric", "wer", "--features", "am,length", "--out", str(tmp_path / "w")]
+    for flags, message in (
+        (["--bounds", "lm=0:"], "bounds name 'lm'"),
+        (["--bounds", "length=1:0"], "low limit is above"),
+        (["--require-folds", "2"], "--require-folds 2: expected 1 to --cv (0)"),
+        (["--penalty", "nan"], "--penalty nan"),
+    ):
+        assert rescore_main([*tune, *flags]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_ngram_built_like_a_bundle_sees_the_bundles_tokens(bundles, tmp_path):

@@ -180,3 +180,67 @@ def test_read_weights_names_the_bad_field(tmp_path, change, message):
     path.write_text(json.dumps(record | change))
     with pytest.raises(ValueError, match=message):
         tune.read_weights(path)
+
+
+def test_bounds_hold_and_every_run_is_kept():
+    dev = synthetic_wer_set(utterances=150)
+    free = tune.tune_weights(dev, restarts=2, seed=1)
+    assert free.weights["lm"] > 0.01
+    bounded = tune.tune_weights(dev, restarts=2, seed=1, bounds={"lm": (None, 0.0), "noise": (-0.01, 0.01)})
+    assert bounded.weights["lm"] <= 0.0 and abs(bounded.weights["noise"]) <= 0.01
+    assert bounded.dev_metric > free.dev_metric  # the informative feature could not be used
+    assert len(bounded.run_weights) == len(bounded.runs) == 6
+    assert all(w["lm"] <= 0.0 and abs(w["noise"]) <= 0.01 for w in bounded.run_weights)
+    assert bounded.settings["bounds"] == {"lm": [None, 0.0], "noise": [-0.01, 0.01]}
+    spread = free.weight_spread["lm"]
+    lm = [w["lm"] for w in free.run_weights]
+    assert spread["min"] == min(lm) and spread["max"] == max(lm) and spread["std"] == pytest.approx(np.std(lm))
+    assert free.weight_spread["base"] == {"mean": 1.0, "std": 0.0, "min": 1.0, "max": 1.0, "sign_agreement": 1.0}
+    with pytest.raises(ValueError, match="bounds name 'base'"):
+        tune.tune_weights(dev, restarts=0, bounds={"base": (0, 1)})
+
+
+def test_a_large_penalty_keeps_the_start():
+    dev = synthetic_wer_set(utterances=100)
+    result = tune.tune_weights(dev, restarts=1, penalty=1e6)
+    assert result.weights == {"base": 1.0, "lm": 0.0, "noise": 0.0}
+    small = tune.tune_weights(dev, restarts=1, penalty=0.01)
+    assert small.dev_metric < result.dev_metric
+    with pytest.raises(ValueError, match="penalty"):
+        tune.tune_weights(dev, penalty=-1)
+
+
+def test_the_guard_keeps_the_first_pass_when_gains_do_not_hold_across_folds():
+    dev = synthetic_wer_set(utterances=200)
+    useful = tune.tune_guarded(dev, folds=4, require_folds=4, restarts=1)
+    assert useful.adopted and useful.cross_validation.folds_improved == 4
+    assert useful.result.weights["lm"] > 0
+    # Only the noise feature next to the base: it fits each training part a little, and does not hold out.
+    noise = TuningSet("noise", ("base", "noise"), "wer", [x[:, [0, 2]] for x in dev.features], dev.stats)
+    guarded = tune.tune_guarded(noise, folds=4, require_folds=4, restarts=1)
+    cv = guarded.cross_validation
+    assert cv.folds_improved < 4 and not guarded.adopted
+    assert guarded.result.weights == {"base": 1.0, "noise": 0.0}
+    assert guarded.result.dev_metric == guarded.result.baseline_metric
+    assert cv.folds_improved == sum(f.heldout_metric < f.heldout_baseline for f in cv.folds)
+    summary = cv.summary()
+    assert summary["fold_gains"] == [f.heldout_baseline - f.heldout_metric for f in cv.folds]
+    assert set(summary["weight_spread"]) == {"base", "noise"}
+    nested = tune.cross_validate(noise, k=3, restarts=1, tuner=tune.guarded_tuner(3, 3))
+    assert all(f.heldout_metric <= f.heldout_baseline for f in nested.folds)  # a guarded recipe never loses here
+    with pytest.raises(ValueError, match="require_folds"):
+        tune.tune_guarded(dev, folds=3, require_folds=4)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("interp=0:", {"interp": (0.0, None)}), ("a=-1:2, b=:3", {"a": (-1.0, 2.0), "b": (None, 3.0)}), ("", {})],
+)
+def test_parse_bounds(text, expected):
+    assert tune.parse_bounds(text) == expected
+
+
+@pytest.mark.parametrize("text", ["interp", "interp=0", "=0:1", "a=x:1", "a=2:1", "a=nan:"])
+def test_parse_bounds_names_the_bad_item(text):
+    with pytest.raises(ValueError, match="bounds"):
+        tune.parse_bounds(text)
