@@ -3,7 +3,7 @@
     python -m benchmarks.fit_memory [--baseline-commit 08351e5]
 
 The same short run (the LibriSpeech LM's shape: sentence mode, 2x256 LSTM, adaptive softmax over 100,000 words;
-stopped after 100,000 training tokens, validated on the 52,645-word test split) three ways, each in its own process
+stopped after 20,000 training tokens, one thread, validated on the 52,645-word test split) three ways, each in its own process
 with the resident memory of its whole process tree sampled every 50 ms (benchmarks.common.run_measured):
 
 - ``prepared``: data.train = var/prepared/gutenberg-large (``python -m benchmarks.prepare_scale`` makes it);
@@ -33,8 +33,8 @@ SETS = [
     "model.hidden_size=256",
     'head.type="adaptive"',
     "head.cutoffs=[2000,10000]",
-    "train.max_tokens=100000",
-    "train.threads=2",
+    "train.max_tokens=20000",
+    "train.threads=1",
     "train.epochs=1",
 ]
 
