@@ -49,7 +49,7 @@ def list_name(path: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tune", type=Path, required=True, help="the list weights are tuned on (e.g. dev_clean)")
-    parser.add_argument("--report", type=Path, nargs="+", required=True, help="lists the tuned weights are applied to")
+    parser.add_argument("--report", type=Path, nargs="*", default=[], help="lists the tuned weights are applied to")
     parser.add_argument("--lm", type=Path, required=True, help="neural LM bundle")
     parser.add_argument("--ngram", type=Path, required=True, help="n-gram (KenLM binary or ARPA)")
     parser.add_argument(
@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cache-dir", type=Path, help="LM score caches (default: var/cache/BUNDLE__NGRAM)")
     args = parser.parse_args()
+    if not args.report and not args.cv:
+        parser.error("nothing to do: give --report lists and/or --cv")
     systems = dict(s.split("=", 1) for s in (args.system or ["first_pass_plus_ours=score", "am_plus_ours=am"]))
     require = args.folds if args.require_folds is None else args.require_folds
     bounds = parse_bounds(args.bounds)
