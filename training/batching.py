@@ -123,26 +123,33 @@ class SentenceBatches:
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
-        lengths = corpus.lengths()
+        # 4 bytes a sentence for lengths and for the kept sentences' indices, and a plan that is one array of them
+        # and one of batch bounds: at a billion words (50M sentences) a list of index arrays would cost gigabytes
+        lengths = np.empty(corpus.num_sentences, dtype=np.int32)
+        for i in range(0, corpus.num_sentences, 1 << 22):
+            lengths[i : i + (1 << 22)] = np.diff(corpus.offsets[i : i + (1 << 22) + 1])
         keep = lengths <= max_len if max_len else np.ones(len(lengths), dtype=bool)
-        self.indices = np.flatnonzero(keep)
+        self.indices = np.flatnonzero(keep).astype(np.int32)
         self.skipped = int((~keep).sum())
         self.lengths = lengths
 
-    def _plan(self, epoch: int, parts: int = 1) -> list[np.ndarray]:
+    def _plan(self, epoch: int, parts: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Shuffle, sort by length within buckets of 50 batches, cut into batches, shuffle the batches; a last batch
-        too small to give each of ``parts`` a sentence is left out of the epoch."""
+        too small to give each of ``parts`` a sentence is left out of the epoch. Returns the sentence order and the
+        ``[start, end)`` bounds of each batch in it, in the epoch's batch order."""
+        size = self.batch_size
+        starts = np.arange(0, len(self.indices), size)
+        bounds = np.stack([starts, np.minimum(starts + size, len(self.indices))], axis=1)
         if not self.shuffle:
-            order = self.indices[np.argsort(self.lengths[self.indices], kind="stable")]
-            return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+            return self.indices[np.argsort(self.lengths[self.indices], kind="stable")], bounds
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(self.indices)
-        bucket = 50 * self.batch_size
+        bucket = 50 * size
         for i in range(0, len(order), bucket):
             chunk = order[i : i + bucket]
             order[i : i + bucket] = chunk[np.argsort(self.lengths[chunk], kind="stable")]
-        plan = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        return [plan[i] for i in rng.permutation(len(plan)) if len(plan[i]) >= parts]
+        bounds = bounds[rng.permutation(len(bounds))]
+        return order, bounds[bounds[:, 1] - bounds[:, 0] >= parts]
 
     def num_batches(self, epoch: int = 0, parts: int = 1) -> int:
         full, rest = divmod(len(self.indices), self.batch_size)
@@ -150,7 +157,9 @@ class SentenceBatches:
 
     def steps_of(self, epoch: int = 0, start: int = 0, rank: int = 0, world: int = 1, accumulate: int = 1):
         """Each step's micro-batches for ``rank``: contiguous runs of the step's length-sorted sentences."""
-        for members in self._plan(epoch, world * accumulate)[start:]:
+        order, bounds = self._plan(epoch, world * accumulate)
+        for lo, hi in bounds[start:]:
+            members = order[lo:hi]
             parts = np.array_split(members, world * accumulate)
             yield [self.make_batch(parts[k * world + rank]) for k in range(accumulate)]
 
@@ -160,8 +169,9 @@ class SentenceBatches:
 
     def eval_batches(self, rank: int = 0, world: int = 1) -> Iterator[Batch]:
         """Every ``world``-th batch from ``rank`` on."""
-        for members in self._plan(0)[rank::world]:
-            yield self.make_batch(members)
+        order, bounds = self._plan(0)
+        for lo, hi in bounds[rank::world]:
+            yield self.make_batch(order[lo:hi])
 
     def make_batch(self, members: np.ndarray) -> Batch:
         lengths = self.lengths[members] + 1  # one prediction per word plus </s>
