@@ -9,6 +9,7 @@ with the resident memory of its whole process tree sampled every 50 ms (benchmar
 - ``prepared``: data.train = var/prepared/gutenberg-large (``python -m benchmarks.prepare_scale`` makes it);
 - ``text``: data.train = var/gutenberg-large/train.txt.gz (71.8M words) read by the code of ``--baseline-commit``
   (before prepared datasets: every token a Python int in a list, then a copy as an array), from a git worktree;
+- ``*_tiny_model``: the first two again with a 1x16 LSTM, so that the peak is torch and the data alone;
 - ``text_now``: the same text with today's code, which prepares it into RUN/data first (one process) and then reads
   that like the first run.
 """
@@ -39,8 +40,12 @@ SETS = [
 ]
 
 
-def fit(root, run, train: str, valid: str, test: str) -> dict:
-    config = [f'data.train="{train}"', f'data.valid="{valid}"', f'data.test="{test}"', *SETS]
+# the same runs with a model too small to matter (1x16 LSTM, 16-dim embeddings), so that what is left is torch and the data
+TINY = ["model.embedding_size=16", "model.hidden_size=16", "model.layers=1", "head.div_value=2.0"]
+
+
+def fit(root, run, train: str, valid: str, test: str, extra: list[str] = ()) -> dict:
+    config = [f'data.train="{train}"', f'data.valid="{valid}"', f'data.test="{test}"', *SETS, *extra]
     command = [sys.executable, "-m", "training.cli", "fit", "configs/gutenberg_rescore.toml", "--out", str(run)]
     command += [arg for value in config for arg in ("--set", value)]
     shutil.rmtree(run, ignore_errors=True)
@@ -57,7 +62,9 @@ def main() -> None:
     books = ROOT / "var" / "gutenberg-large"
     if not (prepared / "manifest.json").exists():
         raise SystemExit(f"{prepared}: missing; run python -m benchmarks.prepare_scale first")
-    results = {"prepared": fit(ROOT, RUNS / "prepared", str(prepared), f"{prepared}:test", f"{prepared}:test")}
+    splits = [str(prepared), f"{prepared}:test", f"{prepared}:test"]
+    results = {"prepared": fit(ROOT, RUNS / "prepared", *splits)}
+    results["prepared_tiny_model"] = fit(ROOT, RUNS / "prepared_tiny", *splits, TINY)
     print(results, flush=True)
     text = [str(books / "train.txt.gz"), str(books / "test.txt.gz"), str(books / "test.txt.gz")]
     worktree = ROOT.parent / "wt-fit-memory-baseline"
@@ -67,6 +74,7 @@ def main() -> None:
     try:
         (worktree / ".venv").symlink_to(ROOT / ".venv")
         results["text"] = fit(worktree, RUNS / "text", *text)
+        results["text_tiny_model"] = fit(worktree, RUNS / "text_tiny", *text, TINY)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=True)
     print(results, flush=True)
@@ -78,6 +86,10 @@ def main() -> None:
             "text_rss_mb": results["text"]["peak_rss_mb"],
             "prepared_vs_text": results["prepared"]["peak_rss_mb"] / results["text"]["peak_rss_mb"],
             "text_now_rss_mb": results["text_now"]["peak_rss_mb"],
+            "prepared_tiny_model_rss_mb": results["prepared_tiny_model"]["peak_rss_mb"],
+            "text_tiny_model_rss_mb": results["text_tiny_model"]["peak_rss_mb"],
+            "prepared_vs_text_tiny_model": results["prepared_tiny_model"]["peak_rss_mb"]
+            / results["text_tiny_model"]["peak_rss_mb"],
         },
         runs=results,
         baseline_commit=args.baseline_commit,
