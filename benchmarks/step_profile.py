@@ -9,7 +9,7 @@ batches is timed on its own, and every config's training tokens/s is measured in
 (benchmarks.common.time_interleaved), so that the speed-ups compare.
 
 Configs: ``today`` is configs/ptb_objectives.toml (the Zaremba-small shape in sentence mode: 10k-word full
-softmax, batches of 20, SGD); the others add one change at a time up to configs/ptb_fast.toml.
+softmax, batches of 20, SGD); the others change the head and the batch size, and the last is configs/ptb_fast.toml.
 """
 
 from __future__ import annotations
