@@ -143,3 +143,13 @@ def run_measured(command: list[str], log: Path, interval: float = 0.05, **popen)
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(command)} failed ({proc.returncode}); see {log}")
     return {"wall_s": seconds, "peak_rss_mb": peak / 1024}
+
+
+def gutenberg_books(name: str = "gutenberg") -> Path:
+    """var/NAME: ../shared/data/NAME made LibriSpeech-like by ``lm-train prepare-gutenberg``, done first when missing."""
+    books = ROOT / "var" / name
+    if not (books / "prepare.json").exists():
+        data = ROOT.parent / "shared" / "data" / name
+        command = [sys.executable, "-m", "training.cli", "prepare-gutenberg", "--data", str(data), "--out", str(books)]
+        run_measured(command, ROOT / "var" / "logs" / f"prepare-{name}.log")
+    return books

@@ -9,6 +9,7 @@ now write. The old label came from the objective alone (``self_normalised`` -> "
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from benchmarks.common import RESULTS, write_result
@@ -44,7 +45,15 @@ def main() -> None:
         "normalisation_labels",
         {**counts, "relabelled": sum(r["label"] != r["old_label"] for r in rows)},
         thresholds={"max_abs_logz_mean": SELFNORM_MAX_ABS_MEAN, "max_logz_std": SELFNORM_MAX_STD},
-        source={"file": f"benchmarks/results/{SOURCE}", "commit": source["commit"], "date": source["date"]},
+        # the input is a committed result file (its sha256 names it); the run that wrote it started from commit
+        # source_run_commit with uncommitted changes in the tree, which that file's own "commit" field records
+        source={
+            "file": f"benchmarks/results/{SOURCE}",
+            "sha256": hashlib.sha256((RESULTS / SOURCE).read_bytes()).hexdigest(),
+            "source_run_commit": source["commit"].removesuffix("-dirty"),
+            "source_run_tree_had_uncommitted_changes": source["commit"].endswith("-dirty"),
+            "date": source["date"],
+        },
         rows=rows,
     )
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import ROOT, run_measured, write_result
+from benchmarks.common import ROOT, gutenberg_books, run_measured, write_result
 
 LOGS = ROOT / "var" / "logs"
 
@@ -79,13 +79,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
-    books = ROOT / "var" / "gutenberg-large"
-    if not (books / "prepare.json").exists():
-        data = ROOT.parent / "shared" / "data" / "gutenberg-large"
-        run_measured(
-            [sys.executable, "-m", "training.cli", "prepare-gutenberg", "--data", str(data), "--out", str(books)],
-            LOGS / "prepare-gutenberg-large.log",
-        )
+    books = gutenberg_books("gutenberg-large")
     out = ROOT / "var" / "prepared" / "gutenberg-large"
     shutil.rmtree(out, ignore_errors=True)
     large = run_measured(

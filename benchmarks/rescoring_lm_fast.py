@@ -15,7 +15,7 @@ import json
 import shutil
 import sys
 
-from benchmarks.common import ROOT, run_measured, write_result
+from benchmarks.common import ROOT, gutenberg_books, run_measured, write_result
 
 RUN = ROOT / "var" / "runs" / "rescoring_lm_fast"
 
@@ -24,13 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/gutenberg_rescore_fast.toml")
     args = parser.parse_args()
-    books = ROOT / "var" / "gutenberg"
-    if not (books / "prepare.json").exists():
-        data = ROOT.parent / "shared" / "data" / "gutenberg"
-        run_measured(
-            [sys.executable, "-m", "training.cli", "prepare-gutenberg", "--data", str(data), "--out", str(books)],
-            ROOT / "var" / "logs" / "prepare-gutenberg.log",
-        )
+    gutenberg_books("gutenberg")
     shutil.rmtree(RUN, ignore_errors=True)
     measured = run_measured(
         [sys.executable, "-m", "training.cli", "fit", args.config, "--out", str(RUN)], RUN.parent / f"{RUN.name}.log"

@@ -24,6 +24,7 @@ settings) does nothing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sys
@@ -455,6 +456,23 @@ def encode_subword_file(path: str | Path, model: Path, vocab: Vocabulary, lowerc
     return EncodedCorpus(str(path), array, offsets, int((array == vocab.unk_id).sum()), words)
 
 
+@functools.lru_cache(maxsize=8)
+def _opened(root: str, manifest_mtime_ns: int) -> PreparedDataset:
+    return PreparedDataset(root)
+
+
+def open_dataset(root: str | Path) -> PreparedDataset:
+    """``PreparedDataset(root)``, checked once per process (and again after the manifest is rewritten): a run opens
+    its dataset for the vocabulary, for each split and for the subword model, and hashing gigabytes of ids each time
+    would cost minutes."""
+    root = Path(root).resolve()
+    try:
+        mtime = (root / MANIFEST).stat().st_mtime_ns
+    except FileNotFoundError:
+        mtime = 0  # PreparedDataset names the missing manifest
+    return _opened(str(root), mtime)
+
+
 def open_corpus(
     spec: str, default_split: str, vocab: Vocabulary | None, lowercase: bool, subword_model: Path | None = None
 ) -> EncodedCorpus:
@@ -466,7 +484,7 @@ def open_corpus(
     if not Path(spec).exists() and ":" in spec and is_prepared(spec.rsplit(":", 1)[0]):
         root, split = spec.rsplit(":", 1)
     if is_prepared(root):
-        dataset = PreparedDataset(root)
+        dataset = open_dataset(root)
         if vocab is not None and dataset.vocab.tokens != vocab.tokens:
             raise PreparedDataError(
                 f"{Path(root) / VOCAB}: vocabulary mismatch: the dataset was prepared with another vocabulary than "

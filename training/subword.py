@@ -120,11 +120,11 @@ def run_subword_model(cfg, run_dir: Path) -> Path | None:
     prepared training dataset (``data.train``, or ``RUN/data`` made from text files); None for a word vocabulary."""
     if cfg.vocab.type != "subword":
         return None
-    from training.prepared import PreparedDataset
+    from training.prepared import open_dataset
     from training.trainer import training_dataset
 
     dataset = training_dataset(cfg, Path(run_dir).resolve())
-    model = PreparedDataset(dataset).subword_model
+    model = open_dataset(dataset).subword_model
     if model is None:
         raise VocabError(f"{dataset}: vocab.type is subword, but this prepared dataset has a word vocabulary")
     return model

@@ -45,7 +45,7 @@ from training.distributed import Distributed, setup, step_seed
 from training.evaluate import EvalResult, evaluate, flatten
 from training.model import LSTMLM
 from training.objectives import build_objective
-from training.prepared import SPLITS, PreparedDataset, VocabSettings, is_prepared, open_corpus, prepare
+from training.prepared import SPLITS, VocabSettings, is_prepared, open_corpus, open_dataset, prepare
 from training.subword import run_subword_model
 from training.vocab import Vocabulary
 
@@ -154,7 +154,7 @@ def load_data(cfg: Config, vocab: Vocabulary, run_dir: Path) -> Data:
         if not spec:
             return None
         spec = expand_data_path(spec)
-        if _split_source(spec) is None and is_prepared(text_root) and split in PreparedDataset(text_root).splits:
+        if _split_source(spec) is None and is_prepared(text_root) and split in open_dataset(text_root).splits:
             return open_corpus(str(text_root), split, vocab, d.lowercase)
         return open_corpus(spec, split, vocab, d.lowercase, run_subword_model(cfg, run_dir))  # subword: text in pieces
 
@@ -319,7 +319,7 @@ class Trainer:
             "best_valid_ppl": None,
             "bad_epochs": 0,
             "finished": None,
-            "data_fingerprint": PreparedDataset(training_dataset(cfg, run_dir)).splits["train"]["inputs"],
+            "data_fingerprint": open_dataset(training_dataset(cfg, run_dir)).splits["train"]["inputs"],
         }
         self.carried = None  # stream mode: the whole batch's LSTM state carried into the next step after a stop
         n_params = sum(p.numel() for p in self.model.parameters())
@@ -352,7 +352,7 @@ class Trainer:
         error = dist.broadcast_object(error if dist.is_main else None)
         if error:
             raise CheckpointError(error) if "checkpoints" in error else ValueError(error)
-        vocab = PreparedDataset(training_dataset(cfg, run_dir)).vocab
+        vocab = open_dataset(training_dataset(cfg, run_dir)).vocab
         if cfg.vocab.file and dist.is_main:
             given = Vocabulary.load(expand_data_path(cfg.vocab.file))
             if given.tokens != vocab.tokens:
