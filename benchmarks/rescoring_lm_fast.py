@@ -2,7 +2,7 @@
 
     python -m benchmarks.rescoring_lm_fast [--config configs/gutenberg_rescore_fast.toml]
     python -m benchmarks.rescoring_lm_fast --config configs/librispeech_lm.toml --books gutenberg-large \
-        --prepare var/prepared/glarge-w100k --max-size 100000 --name librispeech_lm_train
+        --prepare var/prepared/glarge-w50k --max-size 50000 --name librispeech_lm_train
 
 The books (``lm-train prepare-gutenberg``) are made first when missing, and with ``--prepare`` the config's prepared
 dataset (``lm-train prepare``, timed apart). Then ``lm-train fit`` in its own process: wall seconds from its start to
