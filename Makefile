@@ -39,13 +39,13 @@ $(KENLM)/bin/lmplz $(KENLM)/bin/build_binary &: | $(STAMP)
 	mkdir -p $(KENLM)/bin
 	cp $(KENLM)/build/bin/lmplz $(KENLM)/build/bin/build_binary $(KENLM)/bin/
 
-# The gRPC contract's Python code (server/lmserve_pb, committed): regenerate after editing proto/**/*.proto.
+# The gRPC contract's Python code (lmserve/v1, committed): regenerate after editing proto/**/*.proto.
 proto: $(STAMP)
 	$(PY) proto/generate.py
 
 lint: setup
-	$(PY) -m ruff check training rescoring server benchmarks tests
-	$(PY) -m ruff format --check training rescoring server benchmarks tests
+	$(PY) -m ruff check training rescoring server lmserve proto benchmarks tests
+	$(PY) -m ruff format --check training rescoring server lmserve proto benchmarks tests
 
 test: lint
 	$(PY) -m pytest

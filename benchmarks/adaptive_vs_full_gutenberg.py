@@ -14,9 +14,9 @@ import shutil
 
 from benchmarks.common import ROOT, time_interleaved, write_result
 from benchmarks.train_run import fit_or_resume
-from training.config import DEFAULT_DATA_DIR, load_config
-from training.gutenberg import prepare_gutenberg
-from training.trainer import Trainer
+from lmserve.training.config import DEFAULT_DATA_DIR, load_config
+from lmserve.training.gutenberg import prepare_gutenberg
+from lmserve.training.trainer import Trainer
 
 HEADS = ("full", "adaptive")
 

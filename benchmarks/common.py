@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from training.atomic import atomic_write_text
+from lmserve.training.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -92,15 +92,15 @@ def time_interleaved(cases: dict[str, Callable[[], object]], rounds: int = 3) ->
 def ensure_bundle(run: Path, out: Path, quantize: str | None = None, heldout: str | None = None) -> Path:
     """Export ``run`` to ``out`` unless a bundle is already there (benchmarks re-use each other's bundles)."""
     if not (out / "manifest.json").exists():
-        from training.export import export_bundle
+        from lmserve.training.export import export_bundle
 
         export_bundle(run, out, quantize=quantize, heldout=heldout)
     return out
 
 
 def ptb_sentences(split: str = "test") -> list[str]:
-    from training.config import DEFAULT_DATA_DIR
-    from training.corpus import read_sentences
+    from lmserve.training.config import DEFAULT_DATA_DIR
+    from lmserve.training.corpus import read_sentences
 
     return [" ".join(words) for words in read_sentences(DEFAULT_DATA_DIR / "ptb" / f"ptb.{split}.txt.gz")]
 
@@ -150,6 +150,15 @@ def gutenberg_books(name: str = "gutenberg") -> Path:
     books = ROOT / "var" / name
     if not (books / "prepare.json").exists():
         data = ROOT.parent / "shared" / "data" / name
-        command = [sys.executable, "-m", "training.cli", "prepare-gutenberg", "--data", str(data), "--out", str(books)]
+        command = [
+            sys.executable,
+            "-m",
+            "lmserve.training.cli",
+            "prepare-gutenberg",
+            "--data",
+            str(data),
+            "--out",
+            str(books),
+        ]
         run_measured(command, ROOT / "var" / "logs" / f"prepare-{name}.log")
     return books

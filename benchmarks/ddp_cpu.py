@@ -25,9 +25,9 @@ from safetensors.torch import load_file
 
 from benchmarks.common import ROOT, write_result
 from benchmarks.torchrun import lm_train_fit, run_fit
-from training.config import expand_data_path, load_config
-from training.corpus import encode_file
-from training.prepared import PreparedDataset, VocabSettings, prepare
+from lmserve.training.config import expand_data_path, load_config
+from lmserve.training.corpus import encode_file
+from lmserve.training.prepared import PreparedDataset, VocabSettings, prepare
 
 CONFIG = ROOT / "configs" / "ptb_fast.toml"
 RUNS = ROOT / "var" / "runs" / "ddp_cpu"
@@ -40,7 +40,7 @@ CASES = {
 
 def tokens_of_steps(steps: int) -> int:
     """The training tokens of the first ``steps`` steps of epoch 1: a token budget that stops both runs there."""
-    from training.batching import SentenceBatches
+    from lmserve.training.batching import SentenceBatches
 
     cfg = load_config(CONFIG)
     vocab = PreparedDataset(ptb_dataset()).vocab

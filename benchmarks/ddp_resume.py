@@ -56,7 +56,16 @@ def main() -> None:
     if where is None or status == 0:
         raise SystemExit(f"the run was not killed in epoch 2 (exit status {status})")
     restart_from = (killed / "checkpoints" / "latest").read_text().strip()
-    resume = [*TORCHRUN, "--standalone", "--nproc-per-node=2", "-m", "training.cli", "fit", "--resume", str(killed)]
+    resume = [
+        *TORCHRUN,
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "lmserve.training.cli",
+        "fit",
+        "--resume",
+        str(killed),
+    ]
     resumed = run_fit(resume, killed, log_name=f"{killed.name}.resumed")
 
     restarted_run = RUNS / "killed_max_restarts"

@@ -27,12 +27,12 @@ from pathlib import Path
 from PIL import Image
 
 from benchmarks.common import ROOT, write_result
-from rescoring import overlap
-from rescoring.nbest import read_nbest
-from rescoring.report_html import write_html
-from rescoring.rescore import LanguageModels, report, reranked, setup_from_record, setup_record
-from rescoring.tune import read_weights
-from training.config import DEFAULT_DATA_DIR
+from lmserve.rescoring import overlap
+from lmserve.rescoring.nbest import read_nbest
+from lmserve.rescoring.report_html import write_html
+from lmserve.rescoring.rescore import LanguageModels, report, reranked, setup_from_record, setup_record
+from lmserve.rescoring.tune import read_weights
+from lmserve.training.config import DEFAULT_DATA_DIR
 
 FILTERS = ("all", "changed", "improved", "worsened", "unchanged")
 TARGET_SECONDS = 5.0

@@ -13,7 +13,7 @@ import hashlib
 import json
 
 from benchmarks.common import RESULTS, write_result
-from training.export import SELFNORM_MAX_ABS_MEAN, SELFNORM_MAX_STD, normalisation_label
+from lmserve.training.export import SELFNORM_MAX_ABS_MEAN, SELFNORM_MAX_STD, normalisation_label
 
 SOURCE = "objectives_ptb.json"
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from benchmarks.common import ROOT, write_result
 from benchmarks.train_run import fit_in_subprocess
 from benchmarks.training_speed import training_tokens_per_s
-from training.config import config_from_dict
-from training.objectives import self_normalised
-from training.vocab import Vocabulary
+from lmserve.training.config import config_from_dict
+from lmserve.training.objectives import self_normalised
+from lmserve.training.vocab import Vocabulary
 
 
 def result_row(name: str, run_dir: Path, results: dict) -> dict:

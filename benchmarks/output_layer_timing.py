@@ -21,8 +21,8 @@ import argparse
 import torch
 
 from benchmarks.common import time_interleaved, write_result
-from training.heads import AdaptiveSoftmax, ClassSoftmax, FullSoftmax, TreeSoftmax
-from training.objectives import CrossEntropy, ImportanceSampling
+from lmserve.training.heads import AdaptiveSoftmax, ClassSoftmax, FullSoftmax, TreeSoftmax
+from lmserve.training.objectives import CrossEntropy, ImportanceSampling
 
 HEADS = ("full", "adaptive", "class", "tree", "sampled")
 

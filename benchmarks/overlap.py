@@ -26,10 +26,10 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import ROOT, write_result
-from rescoring.nbest import read_nbest
-from rescoring.overlap import DEFAULT_N, WARN_SHARE, measure
-from rescoring.textnorm import PRESETS
-from training.config import DEFAULT_DATA_DIR
+from lmserve.rescoring.nbest import read_nbest
+from lmserve.rescoring.overlap import DEFAULT_N, WARN_SHARE, measure
+from lmserve.rescoring.textnorm import PRESETS
+from lmserve.training.config import DEFAULT_DATA_DIR
 
 
 def references(path: Path) -> tuple[list[str], list[str]]:

@@ -15,8 +15,8 @@ import tarfile
 import numpy as np
 
 from benchmarks.common import ROOT, ensure_bundle, time_interleaved, write_result
-from rescoring.scorer import Scorer
-from training.config import DEFAULT_DATA_DIR
+from lmserve.rescoring.scorer import Scorer
+from lmserve.training.config import DEFAULT_DATA_DIR
 
 
 def read_espnet_hypotheses(split: str) -> list[list[str]]:

@@ -70,7 +70,17 @@ def write_zipf_corpus(path: Path, tokens: int, types: int = 1_000_000, exponent:
 
 
 def prepare_command(args: list[str], workers: int) -> list[str]:
-    return [sys.executable, "-m", "training.cli", "prepare", *args, "--max-size", "100000", "--workers", str(workers)]
+    return [
+        sys.executable,
+        "-m",
+        "lmserve.training.cli",
+        "prepare",
+        *args,
+        "--max-size",
+        "100000",
+        "--workers",
+        str(workers),
+    ]
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ def main() -> None:
     shutil.rmtree(RUN.with_name(RUN.name + ".epochs"), ignore_errors=True)
     saved = RUN.with_name(RUN.name + ".epochs")
     saved.mkdir(parents=True)
-    command = [sys.executable, "-m", "training.cli", "fit", args.config, "--out", str(RUN)]
+    command = [sys.executable, "-m", "lmserve.training.cli", "fit", args.config, "--out", str(RUN)]
     command += [arg for value in args.set for arg in ("--set", value)]
     start_wall = time.time()
     start = time.perf_counter()
@@ -65,7 +65,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "training.cli",
+                "lmserve.training.cli",
                 "eval",
                 "--checkpoint",
                 str(saved / name),

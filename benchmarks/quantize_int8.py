@@ -12,7 +12,7 @@ import argparse
 import math
 
 from benchmarks.common import ROOT, ensure_bundle, ptb_sentences, time_interleaved, write_result
-from rescoring.scorer import Scorer
+from lmserve.rescoring.scorer import Scorer
 
 
 def main() -> None:

@@ -18,11 +18,11 @@ import numpy as np
 
 from benchmarks.common import RESULTS, write_result
 from benchmarks.rescoring_models import PTB, best_lambda, token_scores
-from rescoring import metrics
-from rescoring.nbest import read_nbest
-from rescoring.rescore import Setup, references_of, setup_record, tune
-from rescoring.tune import write_weights
-from training.config import DEFAULT_DATA_DIR
+from lmserve.rescoring import metrics
+from lmserve.rescoring.nbest import read_nbest
+from lmserve.rescoring.rescore import Setup, references_of, setup_record, tune
+from lmserve.rescoring.tune import write_weights
+from lmserve.training.config import DEFAULT_DATA_DIR
 
 SETS = {
     "wsj": {

@@ -18,11 +18,11 @@ import argparse
 
 from benchmarks.common import RESULTS, ROOT, write_result
 from benchmarks.rescoring_models import GUTENBERG
-from rescoring import metrics
-from rescoring.nbest import read_nbest
-from rescoring.rescore import Setup, references_of, report, setup_record, tune
-from rescoring.tune import write_weights
-from training.config import DEFAULT_DATA_DIR
+from lmserve.rescoring import metrics
+from lmserve.rescoring.nbest import read_nbest
+from lmserve.rescoring.rescore import Setup, references_of, report, setup_record, tune
+from lmserve.rescoring.tune import write_weights
+from lmserve.training.config import DEFAULT_DATA_DIR
 
 AM = "am=0.6*decoder+0.4*ctc"
 PROTOCOLS = {"am_plus_ours": "am", "first_pass_plus_ours": "score"}

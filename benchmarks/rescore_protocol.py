@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import RESULTS, ROOT, write_result
-from rescoring import metrics
-from rescoring.nbest import read_nbest
-from rescoring.rescore import LanguageModels, Setup, references_of, report, setup_record, tune, tuning_set
-from rescoring.tune import TuningSet, cross_validate, guarded_tuner, parse_bounds, weight_spread, write_weights
+from lmserve.rescoring import metrics
+from lmserve.rescoring.nbest import read_nbest
+from lmserve.rescoring.rescore import LanguageModels, Setup, references_of, report, setup_record, tune, tuning_set
+from lmserve.rescoring.tune import TuningSet, cross_validate, guarded_tuner, parse_bounds, weight_spread, write_weights
 
 AM = "am=0.6*decoder+0.4*ctc"
 RECIPE = "interp,length"  # next to each system's base score

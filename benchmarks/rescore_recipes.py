@@ -19,9 +19,9 @@ from pathlib import Path
 
 from benchmarks.common import ROOT, write_result
 from benchmarks.rescore_protocol import list_name
-from rescoring.nbest import read_nbest
-from rescoring.rescore import LanguageModels, Setup, tune, tuning_set
-from rescoring.tune import TuningSet, cross_validate, guarded_tuner, parse_bounds
+from lmserve.rescoring.nbest import read_nbest
+from lmserve.rescoring.rescore import LanguageModels, Setup, tune, tuning_set
+from lmserve.rescoring.tune import TuningSet, cross_validate, guarded_tuner, parse_bounds
 
 LAMBDAS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 RECIPES = {  # name: features next to score, λ values, bounds, penalty, restarts, guard (folds of the tune list)

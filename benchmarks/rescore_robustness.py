@@ -35,9 +35,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 
 from benchmarks.common import ROOT, write_result
-from rescoring.nbest import NBestList, read_nbest, write_nbest
+from lmserve.rescoring.nbest import NBestList, read_nbest, write_nbest
+from lmserve.training.config import DEFAULT_DATA_DIR
 from tests.nbest_fuzz import CASES, check, mutate, mutations, seed_files
-from training.config import DEFAULT_DATA_DIR
 
 DEV_OTHER = DEFAULT_DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
 UTTERANCES = 100  # of dev_other, for the kill runs
@@ -82,7 +82,7 @@ def fuzz(case: str, cases: int) -> dict:
 
 def command(kind: str, work: Path, weights: Path) -> list[str]:
     out = work / "out"
-    args = [sys.executable, "-m", "rescoring.cli", "nbest", str(work / "dev_other"), "--weights", str(weights)]
+    args = [sys.executable, "-m", "lmserve.rescoring.cli", "nbest", str(work / "dev_other"), "--weights", str(weights)]
     args += ["--threads", "1", "--quiet", "--cache", str(out / "dev_other.lmscores.jsonl")]
     if kind == "folder":
         return [*args, "--out", str(out / "dev_other.rescored"), "--out-format", "espnet"]
@@ -209,7 +209,7 @@ def validation_times(bundle: Path, rounds: int) -> dict:
             for name, args in cases.items():
                 start = time.perf_counter()
                 done = subprocess.run(
-                    [sys.executable, "-m", "rescoring.cli", *args], env=env, capture_output=True, text=True
+                    [sys.executable, "-m", "lmserve.rescoring.cli", *args], env=env, capture_output=True, text=True
                 )
                 seconds[name].append(time.perf_counter() - start)
                 assert done.returncode == 2 and not (work / "o.jsonl").exists(), done.stderr

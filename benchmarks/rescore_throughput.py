@@ -17,12 +17,12 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS, write_result
 from benchmarks.rescoring_models import GUTENBERG
-from rescoring.atomic import atomic_write_text
-from rescoring.lmscores import compute
-from rescoring.nbest import read_nbest, write_nbest
-from rescoring.rescore import report, reranked, setup_from_record
-from rescoring.tune import read_weights
-from training.config import DEFAULT_DATA_DIR
+from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.rescoring.lmscores import compute
+from lmserve.rescoring.nbest import read_nbest, write_nbest
+from lmserve.rescoring.rescore import report, reranked, setup_from_record
+from lmserve.rescoring.tune import read_weights
+from lmserve.training.config import DEFAULT_DATA_DIR
 
 
 def main() -> None:

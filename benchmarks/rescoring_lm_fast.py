@@ -36,12 +36,13 @@ def main() -> None:
     books = gutenberg_books(args.books)
     prepared = {}
     if args.prepare:
-        command = [sys.executable, "-m", "training.cli", "prepare", "--text-dir", str(books), "--out", args.prepare,
+        command = [sys.executable, "-m", "lmserve.training.cli", "prepare", "--text-dir", str(books), "--out", args.prepare,
                    "--max-size", str(args.max_size), "--workers", "2"]  # fmt: skip
         prepared = run_measured(command, ROOT / "var" / "logs" / f"{args.name}-prepare.log", cwd=ROOT)
     shutil.rmtree(run, ignore_errors=True)
     measured = run_measured(
-        [sys.executable, "-m", "training.cli", "fit", args.config, "--out", str(run)], run.parent / f"{run.name}.log"
+        [sys.executable, "-m", "lmserve.training.cli", "fit", args.config, "--out", str(run)],
+        run.parent / f"{run.name}.log",
     )
     results = json.loads((run / "results.json").read_text())
     write_result(

@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import ROOT, ensure_bundle
-from rescoring.bundle import Bundle
-from rescoring.lmscores import ngram_view
-from rescoring.ngram import NgramLM, build_ngram
-from rescoring.rescore import LanguageModels
-from rescoring.scorer import Scorer
-from rescoring.textnorm import TextNormalizer
-from training.config import DEFAULT_DATA_DIR
-from training.corpus import read_sentences
+from lmserve.rescoring.bundle import Bundle
+from lmserve.rescoring.lmscores import ngram_view
+from lmserve.rescoring.ngram import NgramLM, build_ngram
+from lmserve.rescoring.rescore import LanguageModels
+from lmserve.rescoring.scorer import Scorer
+from lmserve.rescoring.textnorm import TextNormalizer
+from lmserve.training.config import DEFAULT_DATA_DIR
+from lmserve.training.corpus import read_sentences
 
 LAMBDAS = tuple(round(x, 2) for x in np.arange(0.05, 1.0, 0.05))
 

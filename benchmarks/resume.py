@@ -23,7 +23,7 @@ RUNS = ROOT / "var" / "runs"
 
 def lm_train(*args: str, log_name: str) -> subprocess.Popen:
     log = (ROOT / "var" / "logs" / f"{log_name}.log").open("a")
-    return subprocess.Popen([sys.executable, "-m", "training.cli", *args], stdout=log, stderr=log, cwd=ROOT)
+    return subprocess.Popen([sys.executable, "-m", "lmserve.training.cli", *args], stdout=log, stderr=log, cwd=ROOT)
 
 
 def train_records(run) -> list[dict]:

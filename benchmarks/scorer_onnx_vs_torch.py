@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from benchmarks.common import ROOT, ensure_bundle, ptb_sentences, time_interleaved, write_result
-from rescoring.scorer import Scorer
-from training.checkpoint import load_model_for_eval
-from training.export import SentencesGraph
-from training.objectives import self_normalised
+from lmserve.rescoring.scorer import Scorer
+from lmserve.training.checkpoint import load_model_for_eval
+from lmserve.training.export import SentencesGraph
+from lmserve.training.objectives import self_normalised
 
 MODELS = {"exact": "var/runs/ptb_small_sentence", "selfnorm": "var/runs/ptb_selfnorm_a0.1_g1"}
 

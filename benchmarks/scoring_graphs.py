@@ -10,9 +10,9 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from training.config import HeadConfig, ModelConfig
-from training.export import SentencesGraph, export_onnx
-from training.model import LSTMLM
+from lmserve.training.config import HeadConfig, ModelConfig
+from lmserve.training.export import SentencesGraph, export_onnx
+from lmserve.training.model import LSTMLM
 
 EMBEDDING = HIDDEN = 256
 LAYERS = 2
@@ -110,10 +110,10 @@ def batches(sentences: list[list[int]]) -> list[list[list[int]]]:
 def gutenberg_sentences(vocab_size: int, count: int) -> list[list[int]]:
     """Held-out Gutenberg sentences as ids of a ``vocab_size``-word vocabulary built on the training books."""
     from benchmarks.common import ROOT
-    from training.config import DEFAULT_DATA_DIR
-    from training.corpus import encode_file, read_sentences
-    from training.gutenberg import prepare_gutenberg
-    from training.vocab import Vocabulary
+    from lmserve.training.config import DEFAULT_DATA_DIR
+    from lmserve.training.corpus import encode_file, read_sentences
+    from lmserve.training.gutenberg import prepare_gutenberg
+    from lmserve.training.vocab import Vocabulary
 
     prepared = ROOT / "var" / "gutenberg"
     if not (prepared / "prepare.json").exists():

@@ -29,10 +29,9 @@ import grpc
 
 from benchmarks.common import write_result
 from benchmarks.serve_harness import DEV_OTHER, PROFILE, ServerSettings, start_server
-from rescoring.nbest import read_nbest
-from server import messages
-from server.client import LMServeClient
-from server.lmserve_pb import lmserve_pb2 as pb
+from lmserve.rescoring.client import LMServeClient, hypothesis_list
+from lmserve.rescoring.nbest import read_nbest
+from lmserve.v1 import lmserve_pb2 as pb
 
 OK, INVALID, EXHAUSTED, NOT_FOUND = "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "NOT_FOUND"
 LIMITS = {
@@ -259,7 +258,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     nbest = read_nbest(DEV_OTHER)
-    lists = [messages.hypothesis_list(e) for e in nbest.entries[:200]]
+    lists = [hypothesis_list(e) for e in nbest.entries[:200]]
     for message in lists:
         del message.references[:]
     vocab = sorted({w for e in nbest.entries[:200] for w in e.references[0].split()})

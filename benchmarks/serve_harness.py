@@ -21,12 +21,12 @@ import numpy as np
 
 from benchmarks.common import RESULTS, ROOT, ensure_bundle, ptb_sentences
 from benchmarks.rescoring_models import GUTENBERG
-from rescoring.nbest import NBestEntry, read_nbest
-from rescoring.tune import read_weights
-from server import messages
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.process import ServerProcess
-from training.config import DEFAULT_DATA_DIR
+from lmserve.rescoring.client import hypothesis_list
+from lmserve.rescoring.nbest import NBestEntry, read_nbest
+from lmserve.rescoring.tune import read_weights
+from lmserve.server.process import ServerProcess
+from lmserve.training.config import DEFAULT_DATA_DIR
+from lmserve.v1 import lmserve_pb2 as pb
 
 BUNDLE = GUTENBERG.bundle
 # the same model exported with --quantize int8: LibriSpeech dev_other WER unchanged (3.53% with the tuned weights,
@@ -115,7 +115,7 @@ def nbest_requests(lists: list[NBestEntry]) -> list[bytes]:
     out = []
     for entry in lists:
         request = pb.RescoreNBestRequest(model="librispeech")
-        request.lists.append(messages.hypothesis_list(entry))
+        request.lists.append(hypothesis_list(entry))
         if "profile" in chosen:
             request.combination.profile = chosen["profile"]
         else:

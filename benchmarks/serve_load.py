@@ -60,10 +60,10 @@ from benchmarks.serve_harness import (
     served_bundle,
     start_server,
 )
-from rescoring.lmscores import compute
-from rescoring.nbest import NBestEntry, NBestList
-from rescoring.rescore import LanguageModels, Setup, reranked, setup_from_record
-from rescoring.tune import read_weights
+from lmserve.rescoring.lmscores import compute
+from lmserve.rescoring.nbest import NBestEntry, NBestList
+from lmserve.rescoring.rescore import LanguageModels, Setup, reranked, setup_from_record
+from lmserve.rescoring.tune import read_weights
 
 
 class Offline:

@@ -22,10 +22,10 @@ import numpy as np
 
 from benchmarks.common import write_result
 from benchmarks.serve_harness import BUNDLE, DEV_OTHER, ServerSettings, start_server
-from rescoring.bundle import Bundle
-from rescoring.nbest import read_nbest
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.lmserve_pb.lmserve_pb2_grpc import LMServiceStub
+from lmserve.rescoring.bundle import Bundle
+from lmserve.rescoring.nbest import read_nbest
+from lmserve.v1 import lmserve_pb2 as pb
+from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
 
 CANDIDATES = 8
 

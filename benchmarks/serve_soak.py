@@ -46,10 +46,10 @@ from benchmarks.serve_harness import (
     start_server,
 )
 from benchmarks.serve_next_words import sentences as decoder_walks
-from rescoring.bundle import Bundle
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.lmserve_pb.lmserve_pb2_grpc import AdminStub, LMServiceStub
-from server.process import ServerProcess
+from lmserve.rescoring.bundle import Bundle
+from lmserve.server.process import ServerProcess
+from lmserve.v1 import lmserve_pb2 as pb
+from lmserve.v1.lmserve_pb2_grpc import AdminStub, LMServiceStub
 
 CALLERS = {"RescoreNBest": 22, "ScoreSentences": 6, "ScoreNextWords": 4}
 REFUSED = ("UNAVAILABLE", "CANCELLED")  # a call the closing server did not take

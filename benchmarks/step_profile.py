@@ -25,8 +25,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import ROOT, time_interleaved, write_result
-from training.config import load_config
-from training.trainer import Trainer
+from lmserve.training.config import load_config
+from lmserve.training.trainer import Trainer
 
 CONFIGS = {
     "today (full softmax, batch 20, SGD)": ("ptb_objectives.toml", []),

@@ -15,7 +15,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 def lm_train_fit(config: Path, run: Path, *sets: str, launcher: list[str] = (), nproc: int = 0) -> list[str]:
     """The command line of ``lm-train fit CONFIG --out RUN --auto-resume`` with ``--set``s, under torchrun with
     ``nproc`` processes (``launcher``: its options, default ``--standalone``), or plain when ``nproc`` is 0."""
-    fit = ["-m", "training.cli", "fit", str(config), "--out", str(run)]
+    fit = ["-m", "lmserve.training.cli", "fit", str(config), "--out", str(run)]
     fit += [arg for value in sets for arg in ("--set", value)]
     if not nproc:
         return [sys.executable, *fit]

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import ROOT
-from training.config import load_config
-from training.trainer import Trainer
+from lmserve.training.config import load_config
+from lmserve.training.trainer import Trainer
 
 
 def fit_or_resume(config: str | Path, run_dir: Path, overrides: list[str] = ()) -> dict:
@@ -35,6 +35,6 @@ def fit_in_subprocess(config: Path, run_dir: Path, overrides: list[str] = ()) ->
         logs.mkdir(parents=True, exist_ok=True)
         with (logs / f"{run_dir.parent.name}-{run_dir.name}.log").open("a") as log:
             subprocess.run(
-                [sys.executable, "-m", "training.cli", *command], check=True, stdout=log, stderr=log, cwd=ROOT
+                [sys.executable, "-m", "lmserve.training.cli", *command], check=True, stdout=log, stderr=log, cwd=ROOT
             )
     return json.loads((run_dir / "results.json").read_text())

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import time_interleaved
-from training.config import load_config
-from training.trainer import Trainer
+from lmserve.training.config import load_config
+from lmserve.training.trainer import Trainer
 
 
 def training_tokens_per_s(

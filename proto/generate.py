@@ -1,14 +1,14 @@
-"""Generate the Python code of the wire contract (``make proto``): ``lmserve/v1/lmserve.proto`` -> ``server/lmserve_pb``.
+"""Generate the Python code of the wire contract (``make proto``): ``lmserve/v1/lmserve.proto`` -> ``lmserve/v1``.
 
-The generated files are committed, so the server runs without grpcio-tools; ``tests/test_proto.py`` regenerates them
+The generated files are committed, so nothing needs grpcio-tools at run time; ``tests/test_proto.py`` regenerates them
 into a temporary folder and fails when the committed ones differ. The output depends on the protoc inside grpcio-tools,
 hence the exact pin in pyproject.toml.
 
-protoc names Python modules after the proto path, so the gRPC module imports ``from lmserve.v1 import lmserve_pb2``;
-that import is rewritten to a relative one, so the package can live under ``server/`` while the proto keeps its
-versioned package path (which reflection and grpcurl show).
+protoc names Python modules after the proto path, so the generated gRPC module imports ``from lmserve.v1 import
+lmserve_pb2``: the code lives at that import path, the package ``lmserve.v1``, and is committed exactly as protoc
+writes it. Both the client (``lmserve.rescoring.client``) and the server import it from there.
 
-    python proto/generate.py [OUT]      # default OUT: server/lmserve_pb
+    python proto/generate.py [OUT]      # default OUT: lmserve/v1
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent
 PROTO = "lmserve/v1/lmserve.proto"
-DEFAULT_OUT = PROTO_ROOT.parent / "server" / "lmserve_pb"
+DEFAULT_OUT = PROTO_ROOT.parent / "lmserve" / "v1"
 GENERATED = ("lmserve_pb2.py", "lmserve_pb2.pyi", "lmserve_pb2_grpc.py")
-ABSOLUTE_IMPORT = "from lmserve.v1 import lmserve_pb2 as"
-RELATIVE_IMPORT = "from . import lmserve_pb2 as"
 
 
 def generate(out: Path = DEFAULT_OUT) -> list[Path]:
@@ -36,12 +34,7 @@ def generate(out: Path = DEFAULT_OUT) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
         written = []
         for name in GENERATED:
-            text = (Path(tmp) / Path(PROTO).parent / name).read_text(encoding="utf-8")
-            if name.endswith("_grpc.py"):
-                if ABSOLUTE_IMPORT not in text:
-                    raise RuntimeError(f"{name}: protoc no longer writes {ABSOLUTE_IMPORT!r}; update proto/generate.py")
-                text = text.replace(ABSOLUTE_IMPORT, RELATIVE_IMPORT)
-            (out / name).write_text(text, encoding="utf-8")
+            (out / name).write_bytes((Path(tmp) / Path(PROTO).parent / name).read_bytes())
             written.append(out / name)
     return written
 

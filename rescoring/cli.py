@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from rescoring import rescore_cli
-from rescoring.bundle import Bundle
-from rescoring.command import add_common_arguments, run_command
-from rescoring.lmscores import ngram_view
-from rescoring.ngram import LN10, NgramError, NgramLM, build_ngram
-from rescoring.textnorm import PRESETS, TextNormalizer
+from lmserve.rescoring import rescore_cli
+from lmserve.rescoring.bundle import Bundle
+from lmserve.rescoring.command import add_common_arguments, run_command
+from lmserve.rescoring.lmscores import ngram_view
+from lmserve.rescoring.ngram import LN10, NgramError, NgramLM, build_ngram
+from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
 
 
 def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
@@ -60,7 +60,7 @@ def _tokenised(paths: list[str], view: Callable[[str], list[str]]) -> Iterator[l
 
 
 def _score(args) -> int:
-    from rescoring.scorer import Scorer
+    from lmserve.rescoring.scorer import Scorer
 
     scorer = Scorer(args.lm, threads=args.threads, normalizer=PRESETS[args.normalize] if args.normalize else None)
     if args.input == "-":

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, token_sums
-from rescoring.nbest import NBestList
+from lmserve.rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, token_sums
+from lmserve.rescoring.nbest import NBestList
 
 LM_FEATURES = ("neural", "ngram", "interp", "oov", "length")
 NEEDS_LM = LM_FEATURES[:4]

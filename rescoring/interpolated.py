@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rescoring import decoder_state
-from rescoring.decoder_state import DecoderState, StateError
-from rescoring.lmscores import HypothesisScores, in_vocabulary
-from rescoring.ngram import BOS as NGRAM_BOS
-from rescoring.ngram import NgramLM
-from rescoring.scorer import BOS, UNK, Scorer
+from lmserve.rescoring import decoder_state
+from lmserve.rescoring.decoder_state import DecoderState, StateError
+from lmserve.rescoring.lmscores import HypothesisScores, in_vocabulary
+from lmserve.rescoring.ngram import BOS as NGRAM_BOS
+from lmserve.rescoring.ngram import NgramLM
+from lmserve.rescoring.scorer import BOS, UNK, Scorer
 
 
 @dataclass

@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from rescoring.atomic import atomic_write_lines
-from rescoring.nbest import NBestList
-from rescoring.ngram import NgramLM
-from rescoring.scorer import Scorer, SentenceScore
-from rescoring.textnorm import TextNormalizer
+from lmserve.rescoring.atomic import atomic_write_lines
+from lmserve.rescoring.nbest import NBestList
+from lmserve.rescoring.ngram import NgramLM
+from lmserve.rescoring.scorer import Scorer, SentenceScore
+from lmserve.rescoring.textnorm import TextNormalizer
 
 FORMAT = "lmserve-lmscores"
 FORMAT_VERSION = 1

@@ -30,8 +30,8 @@ import jiwer
 import numpy as np
 import sacrebleu
 
-from rescoring.atomic import atomic_write_text
-from rescoring.nbest import NBestList
+from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.rescoring.nbest import NBestList
 
 LENGTH_BINS = ((1, 5), (6, 10), (11, 20), (21, 40), (41, None))  # reference words
 CONFUSIONS = 20  # pairs listed

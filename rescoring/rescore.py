@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from rescoring import metrics
-from rescoring.features import feature_matrices, parse_definition
-from rescoring.lmscores import cache_key, compute, load_or_compute
-from rescoring.nbest import Hypothesis, NBestEntry, NBestList
-from rescoring.ngram import NgramLM
-from rescoring.scorer import Scorer
-from rescoring.textnorm import PRESETS, TextNormalizer
-from rescoring.tune import TuneResult, TuningSet, tune_guarded, tune_weights
+from lmserve.rescoring import metrics
+from lmserve.rescoring.features import feature_matrices, parse_definition
+from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.ngram import NgramLM
+from lmserve.rescoring.scorer import Scorer
+from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
+from lmserve.rescoring.tune import TuneResult, TuningSet, tune_guarded, tune_weights
 
 RESCORE_FEATURE = "rescore"  # the combined score, added to every hypothesis of a reranked list
 
@@ -71,7 +71,7 @@ class LanguageModels:
     def scores(self, nbest: NBestList, cache: Path | None = None, progress: bool = False):
         """Per-token scores of every hypothesis (``rescoring.lmscores``), None without models. The rescoring job
         asks nothing else of its LMs, which is what lets ``lm-rescore --server`` put a running lm-serve in their
-        place (``server.remote.RemoteLanguageModels``: ``available``, ``scores`` and ``paths`` alike)."""
+        place (``rescoring.remote.RemoteLanguageModels``: ``available``, ``scores`` and ``paths`` alike)."""
         if not self.available:
             return None
         key = cache_key(nbest, self.scorer, self.ngram, self.normalizer)

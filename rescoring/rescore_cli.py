@@ -16,8 +16,8 @@ references, the features the weights use, and that every output can be written. 
 all (``rescoring.atomic``).
 
 With ``--server HOST:PORT`` (and ``--server-model NAME``) both take their LM scores from a running ``lm-serve``
-instead of loading models: ``server.remote``, imported only then, is the one path from ``rescoring`` into
-``server/`` (DESIGN.md), so the engine never needs gRPC.
+instead of loading models: ``rescoring.remote`` (over the lm-serve client, ``rescoring.client``) is imported only
+then, so the engine never needs gRPC, and ``rescoring`` never imports ``server`` (DESIGN.md).
 """
 
 from __future__ import annotations
@@ -28,15 +28,23 @@ import sys
 import time
 from pathlib import Path
 
-from rescoring import overlap
-from rescoring.atomic import atomic_write_text, check_writable
-from rescoring.features import check_features
-from rescoring.lmscores import check_lambda
-from rescoring.nbest import FOLDER_FORMATS, FORMATS, MAX_WORDS, NBestList, output_format, read_nbest, write_nbest
-from rescoring.nbest.checks import parse_defaults
-from rescoring.ngram import NgramError
-from rescoring.overlap import DEFAULT_N, WARN_SHARE
-from rescoring.rescore import (
+from lmserve.rescoring import overlap
+from lmserve.rescoring.atomic import atomic_write_text, check_writable
+from lmserve.rescoring.features import check_features
+from lmserve.rescoring.lmscores import check_lambda
+from lmserve.rescoring.nbest import (
+    FOLDER_FORMATS,
+    FORMATS,
+    MAX_WORDS,
+    NBestList,
+    output_format,
+    read_nbest,
+    write_nbest,
+)
+from lmserve.rescoring.nbest.checks import parse_defaults
+from lmserve.rescoring.ngram import NgramError
+from lmserve.rescoring.overlap import DEFAULT_N, WARN_SHARE
+from lmserve.rescoring.rescore import (
     LanguageModels,
     Setup,
     check_normalisation,
@@ -47,9 +55,9 @@ from rescoring.rescore import (
     setup_from_record,
     setup_record,
 )
-from rescoring.rescore import tune as tune_setup
-from rescoring.textnorm import PRESETS
-from rescoring.tune import METHODS, check_bounds, format_stability, parse_bounds, read_weights, write_weights
+from lmserve.rescoring.rescore import tune as tune_setup
+from lmserve.rescoring.textnorm import PRESETS
+from lmserve.rescoring.tune import METHODS, check_bounds, format_stability, parse_bounds, read_weights, write_weights
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -178,8 +186,8 @@ def _language_models(args, saved: dict, weights: Path | None = None):
             raise ValueError(f"{weights}: the models it names: {e}") from e
     if local:
         raise ValueError(f"--server scores with the served model's LMs and text settings: leave out --{local[0]}")
-    from server.client import LMServeClient
-    from server.remote import RemoteLanguageModels
+    from lmserve.rescoring.client import LMServeClient
+    from lmserve.rescoring.remote import RemoteLanguageModels
 
     client = LMServeClient(server, timeout=600, ca=args.server_ca, tls=args.server_ca is not None)
     return RemoteLanguageModels(client, args.server_model or saved.get("model", ""))
@@ -246,7 +254,7 @@ def run_tune(args) -> int:
         extra["overlap"] = leakage
     write_weights(args.out, tuned.result, setup_record(models, tuned.setup), **extra)
     if args.html:
-        from rescoring.report_html import tune_plots, write_html
+        from lmserve.rescoring.report_html import tune_plots, write_html
 
         ranked, chosen = reranked(nbest, tuned.setup, lm_scores)
         weights = {"file": str(args.out), **tuned.result.weights}
@@ -305,7 +313,7 @@ def run_nbest(args) -> int:
     if args.report:
         atomic_write_text(args.report, json.dumps(rep, indent=2, default=float) + "\n")
     if args.html:
-        from rescoring.report_html import write_html
+        from lmserve.rescoring.report_html import write_html
 
         write_html(args.html, rep, nbest, ranked, chosen)
     print(format_report(rep))

@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from rescoring.bundle import Bundle, BundleError
-from rescoring.subword import EveryWord, WordPieces
-from rescoring.textnorm import TextNormalizer
+from lmserve.rescoring.bundle import Bundle, BundleError
+from lmserve.rescoring.subword import EveryWord, WordPieces
+from lmserve.rescoring.textnorm import TextNormalizer
 
 LN10 = math.log(10)
 UNK, BOS, EOS = 0, 1, 2  # fixed ids of the bundle vocabulary

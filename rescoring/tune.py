@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rescoring import metrics
-from rescoring.atomic import atomic_write_text
+from lmserve.rescoring import metrics
+from lmserve.rescoring.atomic import atomic_write_text
 
 METHODS = ("powell", "nelder-mead")
 WEIGHTS_FORMAT = "lmserve-weights"

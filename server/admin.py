@@ -24,13 +24,13 @@ from pathlib import Path
 
 import grpc
 
-from server import messages
-from server.config import load_config
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.logs import LOGGER
-from server.metrics import Metrics
-from server.models import ModelSet
-from server.service import LMServicer, RequestError
+from lmserve.server import messages
+from lmserve.server.config import load_config
+from lmserve.server.logs import LOGGER
+from lmserve.server.metrics import Metrics
+from lmserve.server.models import ModelSet
+from lmserve.server.service import LMServicer, RequestError
+from lmserve.v1 import lmserve_pb2 as pb
 
 ADMIN_SERVICE = pb.DESCRIPTOR.services_by_name["Admin"]
 

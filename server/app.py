@@ -25,13 +25,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from server.admin import ADMIN_SERVICE, AdminServicer, Reloader
-from server.config import Config, ConfigError, Tls
-from server.engine import ProcessEngine
-from server.logs import LOGGER
-from server.metrics import Metrics
-from server.models import ModelSet
-from server.service import SERVICE, LMServicer
+from lmserve.server.admin import ADMIN_SERVICE, AdminServicer, Reloader
+from lmserve.server.config import Config, ConfigError, Tls
+from lmserve.server.engine import ProcessEngine
+from lmserve.server.logs import LOGGER
+from lmserve.server.metrics import Metrics
+from lmserve.server.models import ModelSet
+from lmserve.server.service import SERVICE, LMServicer
 
 log = logging.getLogger(LOGGER)
 

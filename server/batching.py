@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from server.metrics import Metrics
+from lmserve.server.metrics import Metrics
 
 PEAK_DECAY = 0.98  # a falling load is followed within about 50 batches
 

@@ -20,14 +20,13 @@ from pathlib import Path
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from rescoring.cli import read_lines
-from rescoring.command import add_common_arguments, run_command
-from rescoring.nbest import FORMATS, read_nbest, write_nbest
-from rescoring.ngram import NgramError
-from server import messages
-from server.client import DEFAULT_TARGET, LMServeClient
-from server.config import load_config
-from server.logs import setup_logging
+from lmserve.rescoring.cli import read_lines
+from lmserve.rescoring.client import DEFAULT_TARGET, LMServeClient, normalisation_name, ranked_lists
+from lmserve.rescoring.command import add_common_arguments, run_command
+from lmserve.rescoring.nbest import FORMATS, read_nbest, write_nbest
+from lmserve.rescoring.ngram import NgramError
+from lmserve.server.config import load_config
+from lmserve.server.logs import setup_logging
 
 SCORE_BATCH = 256  # sentences per ScoreSentences call: well under the default limit, and streams long inputs
 
@@ -112,7 +111,7 @@ def _serve(args) -> int:
     if args.replicas < 1:
         raise ValueError(f"--replicas {args.replicas}: expected at least 1")
     if args.replicas > 1:
-        from server.replicas import serve_replicas
+        from lmserve.server.replicas import serve_replicas
 
         config = load_config(args.config)
         return serve_replicas(config, args.replicas, args.host, args.port, args.metrics_port, args.log_level)
@@ -124,7 +123,7 @@ def _serve(args) -> int:
 
 
 async def _serve_async(args) -> None:
-    from server.app import serve  # grpc.aio and the models load only for this command
+    from lmserve.server.app import serve  # grpc.aio and the models load only for this command
 
     await serve(load_config(args.config), args.host, args.port, args.metrics_port)
 
@@ -182,7 +181,7 @@ def _rescore(args) -> int:
         result = call(nbest, args.model, **combination)
         info = client.model_info(result.model) if args.html else None
     if args.out:
-        write_nbest(messages.ranked_lists(result), args.out, args.out_format)
+        write_nbest(ranked_lists(result), args.out, args.out_format)
     if args.html:
         _write_html(args.html, nbest, result, info)
     summary = {"model": result.model, "profile": result.profile, "lists": len(result.lists)}
@@ -205,16 +204,16 @@ def _rescore(args) -> int:
 def _write_html(path: Path, nbest, result, info) -> None:
     """``lm-rescore nbest --html``'s page from the server's answer: its ranked lists (the chosen hypothesis first,
     each with its original rank), its report, and the model's normalisation."""
-    from rescoring.report_html import write_html
+    from lmserve.rescoring.report_html import write_html
 
     if not result.HasField("evaluation"):
         raise ValueError("--html: the server returned no evaluation (the lists need references)")
-    ranked = messages.ranked_lists(result)
+    ranked = ranked_lists(result)
     chosen = [entry.hypotheses[0].rank - 1 for entry in ranked]
     rep = json.loads(result.evaluation.report_json)
     rep["weights"] = {w.feature: w.weight for w in result.weights}
     rep["setup"] = {"server model": result.model, "profile": result.profile, "lambda": result.interpolation_weight}
-    rep["normalisation"] = messages.normalisation_name(info.normalisation)
+    rep["normalisation"] = normalisation_name(info.normalisation)
     write_html(path, rep, nbest, ranked, chosen)
 
 

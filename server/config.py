@@ -51,7 +51,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from rescoring.nbest.checks import MAX_WORDS
+from lmserve.rescoring.nbest.checks import MAX_WORDS
 
 ENGINES = ("threads", "processes")  # server.engine
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from server.logs import LOGGER
+from lmserve.server.logs import LOGGER
 
 log = logging.getLogger(LOGGER)
 CONTEXT = multiprocessing.get_context("spawn")
@@ -39,8 +39,8 @@ def resolve(name: str, config, threads: int, generation: int):
     A worker keeps the newest generation it has seen. Loading a newer one drops the older (and hands their pages back
     to the system); a batch of an older generation that arrives later (queued before a reload) gets a copy of its
     own, dropped when the batch is done."""
-    from server.admin import return_freed_memory
-    from server.models import ServedModel
+    from lmserve.server.admin import return_freed_memory
+    from lmserve.server.models import ServedModel
 
     key = (generation, name)
     model = _copies.get(key)

@@ -1,5 +1,6 @@
-"""Translation between the wire messages (``server.lmserve_pb``) and the engine's objects (``rescoring``), both ways,
-for the servicer and the client. Validation that needs the whole request lives in ``server.service``."""
+"""Translation between the wire messages (``lmserve.v1``) and the engine's objects (``rescoring``) for the servicer;
+the client's side of it lives with the client (``rescoring.client``). Validation that needs the whole request lives in
+``server.service``."""
 
 from __future__ import annotations
 
@@ -8,31 +9,20 @@ import math
 
 import numpy as np
 
-from rescoring.interpolated import NextWord, TokenScores
-from rescoring.nbest import Hypothesis, NBestEntry, NBestList
-from rescoring.rescore import RESCORE_FEATURE, Setup
-from rescoring.scorer import LN10
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.models import Profile, ServedModel
+from lmserve.rescoring.client import NORMALISATIONS
+from lmserve.rescoring.interpolated import NextWord, TokenScores
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry
+from lmserve.rescoring.rescore import RESCORE_FEATURE, Setup
+from lmserve.rescoring.scorer import LN10
+from lmserve.server.models import Profile, ServedModel
+from lmserve.v1 import lmserve_pb2 as pb
 
 EOS_TOKEN = "</s>"
-
-
-NORMALISATIONS = {
-    "exact": pb.NORMALISATION_EXACT,
-    "self-normalised": pb.NORMALISATION_SELF_NORMALISED,
-    "unnormalised": pb.NORMALISATION_UNNORMALISED,
-}
 
 
 def normalisation(model: ServedModel) -> int:
     """The bundle's measured label (``rescoring.bundle``) as the wire enum."""
     return NORMALISATIONS[model.lm.scorer.normalisation]
-
-
-def normalisation_name(value: int) -> str | None:
-    """The wire enum back to the bundle's label (None for unspecified)."""
-    return next((name for name, v in NORMALISATIONS.items() if v == value), None)
 
 
 # -- ScoreSentences ---------------------------------------------------------------------------------------------
@@ -73,16 +63,6 @@ def next_word(word: NextWord) -> pb.NextWord:
 # -- RescoreNBest / RescoreKBest --------------------------------------------------------------------------------
 
 
-def hypothesis_list(entry: NBestEntry) -> pb.HypothesisList:
-    """A list to send (client side)."""
-    return pb.HypothesisList(
-        id=entry.id,
-        hypotheses=[pb.Hypothesis(text=h.text, features=h.features) for h in entry.hypotheses],
-        references=entry.references,
-        source=entry.source or "",
-    )
-
-
 def nbest_entry(message: pb.HypothesisList, where: str) -> NBestEntry:
     """A received list; every feature must be a finite number (a NaN would silently poison the ranking)."""
     hypotheses = []
@@ -93,18 +73,6 @@ def nbest_entry(message: pb.HypothesisList, where: str) -> NBestEntry:
             raise ValueError(f"{where}.hypotheses[{k}].features[{name!r}] = {value}: expected a finite number")
         hypotheses.append(Hypothesis(h.text, features))
     return NBestEntry(message.id, hypotheses, list(message.references), message.source or None)
-
-
-def ranked_lists(result: pb.Rescored) -> NBestList:
-    """A response's ranked lists as an n-best list to write (client side); ranks are the decoder's."""
-    entries = [
-        NBestEntry(
-            ranked.id,
-            [Hypothesis(h.text, dict(h.features), h.original_rank) for h in ranked.hypotheses],
-        )
-        for ranked in result.lists
-    ]
-    return NBestList(entries, "response")
 
 
 def ranked_list(entry: NBestEntry) -> pb.RankedList:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rescoring.interpolated import InterpolatedLM
-from rescoring.rescore import LanguageModels, Setup, setup_from_record
-from rescoring.tune import read_weights
-from server.config import Config, ConfigError, ModelConfig
-from server.engine import resolve
+from lmserve.rescoring.interpolated import InterpolatedLM
+from lmserve.rescoring.rescore import LanguageModels, Setup, setup_from_record
+from lmserve.rescoring.tune import read_weights
+from lmserve.server.config import Config, ConfigError, ModelConfig
+from lmserve.server.engine import resolve
 
 
 class UnknownModel(LookupError):

@@ -31,7 +31,7 @@ class ServerProcess:
         self._records: list[dict] = []
         self.ended = False
         self.changed = threading.Condition()
-        command = [sys.executable, "-m", "server.cli", "serve", "--config", str(config), "--port", "0", *args]
+        command = [sys.executable, "-m", "lmserve.server.cli", "serve", "--config", str(config), "--port", "0", *args]
         self.proc = subprocess.Popen(
             command,
             cwd=ROOT,

@@ -26,8 +26,8 @@ import subprocess
 import sys
 import threading
 
-from server.config import Config
-from server.logs import LOGGER, REPLICA_ENV
+from lmserve.server.config import Config
+from lmserve.server.logs import LOGGER, REPLICA_ENV
 
 log = logging.getLogger(LOGGER)
 
@@ -75,7 +75,7 @@ def serve_replicas(
     metrics_port = config.server.metrics_port if metrics_port is None else metrics_port
     replicas = []
     for i in range(count):
-        command = [sys.executable, "-m", "server.cli", "serve", "--config", str(config.path), "--host", host]
+        command = [sys.executable, "-m", "lmserve.server.cli", "serve", "--config", str(config.path), "--host", host]
         command += ["--port", str(port + i if port else 0), "--log-level", log_level]
         command += ["--metrics-port", str(metrics_port + i if metrics_port > 0 else metrics_port)]
         replicas.append(Replica(i, command))

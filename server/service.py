@@ -26,17 +26,17 @@ from concurrent.futures import Executor
 import grpc
 from google.protobuf.message import DecodeError
 
-from rescoring import lmscores
-from rescoring.features import check_features, parse_definition
-from rescoring.nbest import Hypothesis, NBestEntry, NBestList
-from rescoring.rescore import Setup, report, reranked
-from server import messages
-from server.batching import Batcher, Expired
-from server.config import Batching, Limits
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.logs import LOGGER
-from server.metrics import Metrics
-from server.models import ModelSet, ServedModel, UnknownModel
+from lmserve.rescoring import lmscores
+from lmserve.rescoring.features import check_features, parse_definition
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.rescore import Setup, report, reranked
+from lmserve.server import messages
+from lmserve.server.batching import Batcher, Expired
+from lmserve.server.config import Batching, Limits
+from lmserve.server.logs import LOGGER
+from lmserve.server.metrics import Metrics
+from lmserve.server.models import ModelSet, ServedModel, UnknownModel
+from lmserve.v1 import lmserve_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["LMService"]
 SENTENCES_PER_CHUNK = 256  # a chunk keeps the scorer's batches full and stops a cancelled call within ~0.1 s

@@ -128,7 +128,7 @@ BUNDLE_HEADS = [("full", 0.0), ("adaptive", 0.0), ("full", 0.5), ("adaptive", 0.
 @pytest.fixture(scope="session")
 def bundles(tmp_path_factory) -> dict[tuple[str, float], tuple[Path, Path]]:
     """(run, bundle) per head x normalisation: trained one epoch on a generated corpus and exported, once."""
-    from training.cli import main
+    from lmserve.training.cli import main
 
     root = tmp_path_factory.mktemp("bundles")
     corpus = {

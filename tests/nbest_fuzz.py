@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
 
 FEATURES = {  # what each format holds
     "jsonl": ("lm", "am"),

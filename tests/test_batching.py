@@ -1,8 +1,8 @@
 import numpy as np
 import torch
 
-from training.batching import SentenceBatches, StreamBatches
-from training.corpus import EncodedCorpus
+from lmserve.training.batching import SentenceBatches, StreamBatches
+from lmserve.training.corpus import EncodedCorpus
 
 EOS, BOS = 2, 1
 

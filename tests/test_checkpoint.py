@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from training.checkpoint import (
+from lmserve.training.checkpoint import (
     CheckpointError,
     load_model_for_eval,
     load_training_state,
@@ -12,10 +12,10 @@ from training.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from training.config import Config, HeadConfig, ModelConfig
-from training.model import LSTMLM
-from training.trainer import build_optimizer
-from training.vocab import Vocabulary
+from lmserve.training.config import Config, HeadConfig, ModelConfig
+from lmserve.training.model import LSTMLM
+from lmserve.training.trainer import build_optimizer
+from lmserve.training.vocab import Vocabulary
 
 VOCAB = Vocabulary.build([["a", "b", "c", "a"]])
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from training.config import ConfigError, load_config, parse_override
+from lmserve.training.config import ConfigError, load_config, parse_override
 
 
 def write(tmp_path, text):

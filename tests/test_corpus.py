@@ -3,8 +3,8 @@ import gzip
 import numpy as np
 import pytest
 
-from training.corpus import CorpusError, encode_file, read_sentences
-from training.vocab import Vocabulary
+from lmserve.training.corpus import CorpusError, encode_file, read_sentences
+from lmserve.training.vocab import Vocabulary
 
 
 def test_plain_and_gzip_read_the_same_whatever_the_name(tmp_path):

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import BUNDLE_HEADS, sentence_batch
 
-from rescoring.bundle import Bundle, BundleError
-from training.checkpoint import load_model_for_eval
-from training.cli import main
-from training.export import SentencesGraph, StepGraph
+from lmserve.rescoring.bundle import Bundle, BundleError
+from lmserve.training.checkpoint import load_model_for_eval
+from lmserve.training.cli import main
+from lmserve.training.export import SentencesGraph, StepGraph
 
 
 def session(bundle: Bundle, graph: str) -> ort.InferenceSession:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from training.gutenberg import (
+from lmserve.training.gutenberg import (
     book_sentences,
     holdout_split,
     normalise_librispeech,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from training.heads import AdaptiveSoftmax, ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax
+from lmserve.training.heads import AdaptiveSoftmax, ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax
 
 torch.manual_seed(0)
 V, D, N = 60, 12, 50

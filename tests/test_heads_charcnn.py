@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from training.config import ObjectiveConfig
-from training.heads import CharCNNSoftmax, FullSoftmax
-from training.heads.charcnn import PAD
-from training.objectives import build_objective
+from lmserve.training.config import ObjectiveConfig
+from lmserve.training.heads import CharCNNSoftmax, FullSoftmax
+from lmserve.training.heads.charcnn import PAD
+from lmserve.training.objectives import build_objective
 
 WORDS = ["<unk>", "<s>", "</s>", "a", "an", "the", "cat", "cats", "dog", "dogs", "catalogue", "unbelievably", "é"]
 V, D, N = len(WORDS), 10, 16

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import make_sentences, sentence_batch, tiny_config_text, toml_value, write_corpus
 
-from rescoring.bundle import Bundle
-from training.checkpoint import load_model_for_eval
-from training.cli import main
-from training.export import SentencesGraph, StepGraph
+from lmserve.rescoring.bundle import Bundle
+from lmserve.training.checkpoint import load_model_for_eval
+from lmserve.training.cli import main
+from lmserve.training.export import SentencesGraph, StepGraph
 
 # name -> (head settings, objective settings, self-normalised)
 ROWS = {

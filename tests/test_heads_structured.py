@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from training.config import HeadConfig
-from training.heads import ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax, build_head
-from training.heads.class_based import clustered_classes, frequency_bins
-from training.heads.tree import huffman_branches, leaf_depths
+from lmserve.training.config import HeadConfig
+from lmserve.training.heads import ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax, build_head
+from lmserve.training.heads.class_based import clustered_classes, frequency_bins
+from lmserve.training.heads.tree import huffman_branches, leaf_depths
 
 V, D, N = 60, 12, 40
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from rescoring import metrics
+from lmserve.rescoring import metrics
 
 WORDS = "the a cat dog sat on mat ran far away big small red".split()
 

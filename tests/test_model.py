@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from training.config import HeadConfig, ModelConfig
-from training.model import LSTMLM
+from lmserve.training.config import HeadConfig, ModelConfig
+from lmserve.training.model import LSTMLM
 
 
 def test_shapes_projection_and_state():

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from rescoring.nbest import (
+from lmserve.rescoring.nbest import (
     FORMATS,
     Hypothesis,
     NBestEntry,
@@ -17,7 +17,7 @@ from rescoring.nbest import (
     read_nbest,
     write_nbest,
 )
-from rescoring.nbest.srilm import BYTELOG_TO_LOG10
+from lmserve.rescoring.nbest.srilm import BYTELOG_TO_LOG10
 
 TEXTS = ["the cat sat", "the cat sad", ""]  # decoders do emit empty hypotheses
 

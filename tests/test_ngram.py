@@ -11,9 +11,9 @@ import kenlm
 import numpy as np
 import pytest
 
-from rescoring import ngram
-from rescoring.cli import main
-from rescoring.ngram import NgramError, NgramLM, build_ngram
+from lmserve.rescoring import ngram
+from lmserve.rescoring.cli import main
+from lmserve.rescoring.ngram import NgramError, NgramLM, build_ngram
 
 
 def zipf_corpus(n: int, seed: int) -> list[list[str]]:

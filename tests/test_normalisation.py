@@ -8,14 +8,14 @@ import pytest
 from conftest import make_sentences, tiny_config_text, write_corpus
 from test_rescore import corrupted_lists
 
-from rescoring import bundle as bundle_format
-from rescoring.bundle import Bundle
-from rescoring.cli import main as rescore_main
-from rescoring.nbest import write_nbest
-from rescoring.scorer import Scorer
-from server import messages
-from training.cli import main as train_main
-from training.export import SELFNORM_MAX_ABS_MEAN, SELFNORM_MAX_STD, normalisation_label
+from lmserve.rescoring import bundle as bundle_format
+from lmserve.rescoring import client
+from lmserve.rescoring.bundle import Bundle
+from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.nbest import write_nbest
+from lmserve.rescoring.scorer import Scorer
+from lmserve.training.cli import main as train_main
+from lmserve.training.export import SELFNORM_MAX_ABS_MEAN, SELFNORM_MAX_STD, normalisation_label
 
 
 def test_the_label_follows_the_measurement():
@@ -28,7 +28,7 @@ def test_the_label_follows_the_measurement():
     assert normalisation_label(True, 3.05, 0.73) == "unnormalised"
     assert normalisation_label(True, 1.49, 1.47) == "unnormalised"
     assert normalisation_label(True, -0.06, 0.24) == "self-normalised"  # NCE
-    assert set(messages.NORMALISATIONS) == set(bundle_format.NORMALISATIONS)  # every label has its wire value
+    assert set(client.NORMALISATIONS) == set(bundle_format.NORMALISATIONS)  # every label has its wire value
 
 
 def test_penalised_bundles_measure_as_self_normalised(bundles):
@@ -102,8 +102,8 @@ def test_stream_mode_export_warns_with_both_perplexities(trained, tmp_path, caps
 
 def test_a_server_does_not_interpolate_unnormalised_scores(trained, tmp_path):
     """Neither the model's lambda (ScoreSentences, ScoreNextWords) nor a profile's interp feature."""
-    from server.config import ConfigError, load_config
-    from server.models import ModelSet
+    from lmserve.server.config import ConfigError, load_config
+    from lmserve.server.models import ModelSet
 
     out = tmp_path / "ns.bundle"
     assert train_main(["export", "--checkpoint", str(trained["ns"]), "--out", str(out)]) == 0

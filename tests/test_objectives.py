@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from training.config import ObjectiveConfig
-from training.heads import FullSoftmax
-from training.objectives import CrossEntropy, SelfNormPenalty, build_objective
+from lmserve.training.config import ObjectiveConfig
+from lmserve.training.heads import FullSoftmax
+from lmserve.training.objectives import CrossEntropy, SelfNormPenalty, build_objective
 
 
 def test_cross_entropy_is_summed_negative_log_likelihood():
@@ -59,7 +59,7 @@ def test_training_with_the_penalty_drives_log_z_to_zero():
 
 
 def test_selfnorm_on_adaptive_softmax_penalises_the_head_and_the_target_cluster():
-    from training.heads import AdaptiveSoftmax
+    from lmserve.training.heads import AdaptiveSoftmax
 
     torch.manual_seed(0)
     head = AdaptiveSoftmax(8, 30, cutoffs=[5, 15])

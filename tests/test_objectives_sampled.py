@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 from torch.nn import functional as F
 
-from training.cli import main
-from training.config import (
+from lmserve.training.cli import main
+from lmserve.training.config import (
     SAMPLED_OBJECTIVES,
     ConfigError,
     HeadConfig,
@@ -19,9 +19,9 @@ from training.config import (
     config_from_dict,
     load_config,
 )
-from training.heads import AdaptiveSoftmax, FullSoftmax, SlimSoftmax, build_head
-from training.model import LSTMLM
-from training.objectives import (
+from lmserve.training.heads import AdaptiveSoftmax, FullSoftmax, SlimSoftmax, build_head
+from lmserve.training.model import LSTMLM
+from lmserve.training.objectives import (
     NCE,
     SAMPLED_TYPES,
     BetaNCE,

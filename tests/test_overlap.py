@@ -8,9 +8,9 @@ import pytest
 from conftest import make_sentences
 from test_rescore import corrupted_lists
 
-from rescoring import overlap
-from rescoring.cli import main as rescore_main
-from rescoring.nbest import write_nbest
+from lmserve.rescoring import overlap
+from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.nbest import write_nbest
 
 REFS = [
     "the cat sat on the mat and then it slept for a while",  # 13 words: planted whole, across a line break

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from conftest import ROOT, make_sentences, tiny_config_text, write_corpus
 
-from training.cli import main
-from training.corpus import CorpusError, encode_file, read_sentences
-from training.prepared import PreparedDataError, PreparedDataset, VocabSettings, open_corpus, prepare
-from training.vocab import Vocabulary
+from lmserve.training.cli import main
+from lmserve.training.corpus import CorpusError, encode_file, read_sentences
+from lmserve.training.prepared import PreparedDataError, PreparedDataset, VocabSettings, open_corpus, prepare
+from lmserve.training.vocab import Vocabulary
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_memory_stays_bounded_whatever_the_corpus_size(tmp_path):
     # the main process's peak from /proc (getrusage's would include the pytest process that started it), the
     # workers' from getrusage (they fork from the small main process)
     script = (
-        "import resource, re; from training.prepared import prepare; "
+        "import resource, re; from lmserve.training.prepared import prepare; "
         f"prepare({{'train': [{str(path)!r}]}}, {str(tmp_path / 'prep')!r}, workers=2, block_bytes=1 << 18); "
         "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1], "
         "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"

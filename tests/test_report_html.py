@@ -9,11 +9,11 @@ import pytest
 from conftest import make_sentences
 from test_rescore import corrupted_lists
 
-from rescoring.cli import main as rescore_main
-from rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
-from rescoring.ngram import build_ngram
-from rescoring.report_html import build_html
-from rescoring.rescore import Setup, report, reranked
+from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
+from lmserve.rescoring.ngram import build_ngram
+from lmserve.rescoring.report_html import build_html
+from lmserve.rescoring.rescore import Setup, report, reranked
 
 
 def page_data(page: str) -> dict:

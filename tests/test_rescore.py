@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from conftest import make_sentences
 
-from rescoring.cli import main as rescore_main
-from rescoring.features import feature_matrices, parse_definition
-from rescoring.lmscores import cache_key, compute, load_or_compute, summed
-from rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
-from rescoring.ngram import NgramLM, build_ngram
-from rescoring.rescore import LanguageModels, Setup, report, reranked, tune
+from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.features import feature_matrices, parse_definition
+from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute, summed
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
+from lmserve.rescoring.ngram import NgramLM, build_ngram
+from lmserve.rescoring.rescore import LanguageModels, Setup, report, reranked, tune
 
 
 def corrupted_lists(n: int, seed: int, name: str) -> NBestList:

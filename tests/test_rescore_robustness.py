@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from rescoring.bundle import Bundle, BundleError, sha256_file
-from rescoring.cli import main as rescore_main
-from rescoring.nbest import Hypothesis, NBestEntry, NBestFormatError, NBestList, read_nbest, write_nbest
+from lmserve.rescoring.bundle import Bundle, BundleError, sha256_file
+from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestFormatError, NBestList, read_nbest, write_nbest
 
 
 def lists(n: int, hyps: int = 3, words: int = 4) -> NBestList:
@@ -89,9 +89,9 @@ def test_1_a_missing_feature_is_an_error_not_the_best_score(tmp_path, bundles, c
 WRITER = """
 import json, sys
 import numpy as np
-from rescoring.atomic import atomic_write_text
-from rescoring.lmscores import HypothesisScores, write_cache
-from rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
+from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.rescoring.lmscores import HypothesisScores, write_cache
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
 kind, out = sys.argv[1:]
 nbest = NBestList([NBestEntry(f"u{i}", [Hypothesis(f"w{i} w{k}", {"score": -1.0 * k, "decoder": -2.0}, k + 1)
                    for k in range(1, 31)], [f"w{i}"]) for i in range(3000)])
@@ -145,7 +145,7 @@ def test_2_an_output_killed_while_written_is_complete_or_absent(tmp_path, kind, 
     if kind == "folder":
         write_nbest(lists(2), out, "espnet")
     else:
-        from rescoring.atomic import atomic_write_text
+        from lmserve.rescoring.atomic import atomic_write_text
 
         atomic_write_text(out, "again\n")
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
@@ -231,7 +231,7 @@ def test_5_damaged_files_and_wrong_formats_are_errors_naming_the_file(tmp_path, 
     with pytest.raises(BundleError, match="model.layers"):
         Bundle.load(bundle)
 
-    from rescoring.scorer import Scorer
+    from lmserve.rescoring.scorer import Scorer
 
     subprocess.run(["cp", "-r", str(bundles[("full", 0.0)][1]), str(bundle.with_name("b2"))], check=True)
     bundle = bundle.with_name("b2")
@@ -245,12 +245,21 @@ def test_5_damaged_files_and_wrong_formats_are_errors_naming_the_file(tmp_path, 
 
 
 def test_5_no_traceback_for_a_bad_flag_a_bad_config_or_ctrl_c(tmp_path, bundles):
-    empty = run_cli("-m", "training.cli", "fit", "")
+    empty = run_cli("-m", "lmserve.training.cli", "fit", "")
     assert empty.returncode == 2 and "Traceback" not in empty.stderr and len(empty.stderr.splitlines()) == 1
     big = tmp_path / "big.jsonl"
     write_nbest(lists(20000, hyps=5, words=12), big, "jsonl")
     weights = weights_file(tmp_path / "w.json", bundles[("full", 0.0)][1])
-    args = ["-m", "rescoring.cli", "nbest", str(big), "--weights", str(weights), "--out", str(tmp_path / "o.jsonl")]
+    args = [
+        "-m",
+        "lmserve.rescoring.cli",
+        "nbest",
+        str(big),
+        "--weights",
+        str(weights),
+        "--out",
+        str(tmp_path / "o.jsonl"),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("LMSERVE_DEBUG", None)
     proc = subprocess.Popen([sys.executable, *args, "--quiet"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
@@ -261,7 +270,7 @@ def test_5_no_traceback_for_a_bad_flag_a_bad_config_or_ctrl_c(tmp_path, bundles)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary files left
     debug = run_cli(
         "-m",
-        "rescoring.cli",
+        "lmserve.rescoring.cli",
         "nbest",
         str(tmp_path / "nope.jsonl"),
         "--weights",
@@ -317,8 +326,8 @@ def test_7_infinite_features_are_refused(tmp_path, name, text):
 
 
 def test_8_over_long_hypotheses_are_refused_with_the_servers_limit(tmp_path):
-    from rescoring.nbest import MAX_WORDS
-    from server.config import Limits
+    from lmserve.rescoring.nbest import MAX_WORDS
+    from lmserve.server.config import Limits
 
     assert Limits().max_words == MAX_WORDS
     path = tmp_path / "l.jsonl"
@@ -335,16 +344,18 @@ def test_8_over_long_hypotheses_are_refused_with_the_servers_limit(tmp_path):
 
 
 def test_9_version_and_score_normalize(tmp_path, bundles):
-    for module in ("training.cli", "rescoring.cli", "server.cli"):
+    for module in ("lmserve.training.cli", "lmserve.rescoring.cli", "lmserve.server.cli"):
         done = run_cli("-m", module, "--version")
         assert done.returncode == 0 and "lmserve" in done.stdout, module
-    from rescoring.scorer import Scorer
-    from rescoring.textnorm import PRESETS
+    from lmserve.rescoring.scorer import Scorer
+    from lmserve.rescoring.textnorm import PRESETS
 
     bundle = bundles[("full", 0.0)][1]
     text = tmp_path / "s.txt"
     text.write_text("W1 W2 W3\n")
-    done = run_cli("-m", "rescoring.cli", "score", "--lm", str(bundle), "--input", str(text), "--normalize", "lower")
+    done = run_cli(
+        "-m", "lmserve.rescoring.cli", "score", "--lm", str(bundle), "--input", str(text), "--normalize", "lower"
+    )
     assert done.returncode == 0, done.stderr
     want = Scorer(bundle, threads=1, normalizer=PRESETS["lower"]).score(["W1 W2 W3"])[0].logprob
     assert float(done.stdout) == pytest.approx(want, abs=1e-5)

@@ -11,12 +11,12 @@ import pytest
 import torch
 from conftest import BUNDLE_HEADS
 
-from rescoring.bundle import BundleError, sha256_file
-from rescoring.cli import main as rescore_main
-from rescoring.scorer import Scorer
-from rescoring.textnorm import TextNormalizer
-from training.checkpoint import load_model_for_eval
-from training.export import SentencesGraph, export_onnx
+from lmserve.rescoring.bundle import BundleError, sha256_file
+from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.scorer import Scorer
+from lmserve.rescoring.textnorm import TextNormalizer
+from lmserve.training.checkpoint import load_model_for_eval
+from lmserve.training.export import SentencesGraph, export_onnx
 
 SENTENCES = ["w1 w2 w3", "w5", "", "w0 w7 w7 w7 w2 w9 w11 w3 w1 w4 w4 w20", "w1 zzz w2 qqq", "w3 w2"]
 
@@ -135,7 +135,7 @@ def test_graph_that_does_not_fit_the_vocabulary_is_an_error(bundles, tmp_path):
 
 def test_scorer_never_imports_torch(bundles):
     code = (
-        "import sys; from rescoring.scorer import Scorer; "
+        "import sys; from lmserve.rescoring.scorer import Scorer; "
         f"s = Scorer({str(bundles[('adaptive', 0.5)][1])!r}, threads=1); "
         "s.score(['w1 w2']); s.score_nbest([['w1', 'w1 w2']]); "
         "assert 'torch' not in sys.modules, 'torch was imported'; print('ok')"

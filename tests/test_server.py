@@ -20,18 +20,18 @@ import pytest
 from conftest import ROOT, make_sentences
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from rescoring.cli import main as rescore_main
-from rescoring.lmscores import in_vocabulary
-from rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
-from rescoring.ngram import NgramLM, build_ngram
-from rescoring.rescore import LanguageModels, Setup, reranked, setup_from_record, setup_record, tune
-from rescoring.scorer import Scorer
-from rescoring.tune import read_weights, write_weights
-from server.cli import main as serve_main
-from server.client import LMServeClient
-from server.config import ConfigError, load_config
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.models import ModelSet
+from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.client import LMServeClient
+from lmserve.rescoring.lmscores import in_vocabulary
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
+from lmserve.rescoring.ngram import NgramLM, build_ngram
+from lmserve.rescoring.rescore import LanguageModels, Setup, reranked, setup_from_record, setup_record, tune
+from lmserve.rescoring.scorer import Scorer
+from lmserve.rescoring.tune import read_weights, write_weights
+from lmserve.server.cli import main as serve_main
+from lmserve.server.config import ConfigError, load_config
+from lmserve.server.models import ModelSet
+from lmserve.v1 import lmserve_pb2 as pb
 
 LAMBDA = 0.4
 SENTENCES = ["w1 w2 w3", "", "w5 zzz w7 w7", "w0 w3 w1 w4 w2 w9 w11"]
@@ -89,7 +89,16 @@ def server(setup_dir):
     log = setup_dir / "server.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--config", str(setup_dir / "serve.toml"), "--port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "lmserve.server.cli",
+                "serve",
+                "--config",
+                str(setup_dir / "serve.toml"),
+                "--port",
+                "0",
+            ],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=err,

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from conftest import make_sentences
 
-from rescoring.nbest import Hypothesis, NBestEntry
-from server import messages
-from server.batching import PEAK_DECAY, Batcher, Expired, _Queue
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.lmserve_pb.lmserve_pb2_grpc import LMServiceStub
-from server.process import ServerProcess
+from lmserve.rescoring.client import hypothesis_list
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry
+from lmserve.server.batching import PEAK_DECAY, Batcher, Expired, _Queue
+from lmserve.server.process import ServerProcess
+from lmserve.v1 import lmserve_pb2 as pb
+from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
 
 
 class Reciprocals:
@@ -284,7 +284,7 @@ def requests() -> list:
     sentences = make_sentences(48, seed=21)
     out = [pb.ScoreSentencesRequest(sentences=sentences[i : i + 3], per_token=True) for i in range(0, 48, 3)]
     for entry in lists(16, seed=22):
-        request = pb.RescoreNBestRequest(lists=[messages.hypothesis_list(entry)])
+        request = pb.RescoreNBestRequest(lists=[hypothesis_list(entry)])
         request.combination.weights.update({"am": 1.0, "neural": 0.5})
         out.append(request)
     return out

@@ -19,15 +19,14 @@ import pytest
 from conftest import make_sentences
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rescoring.nbest import Hypothesis, NBestEntry
-from server import messages
-from server.app import LMServer, server_credentials
-from server.client import LMServeClient
-from server.config import ConfigError, load_config
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.lmserve_pb.lmserve_pb2_grpc import LMServiceStub
-from server.models import ModelSet
-from server.process import ServerProcess
+from lmserve.rescoring.client import LMServeClient, hypothesis_list
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry
+from lmserve.server.app import LMServer, server_credentials
+from lmserve.server.config import ConfigError, load_config
+from lmserve.server.models import ModelSet
+from lmserve.server.process import ServerProcess
+from lmserve.v1 import lmserve_pb2 as pb
+from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
 
 SENTENCES = ["w1 w2 w3", "w4 w5", ""]
 
@@ -52,7 +51,7 @@ def slow_request(seed: int = 0) -> pb.RescoreKBestRequest:
     request.combination.weights.update({"am": 1.0, "neural": 0.3})
     for i, ref in enumerate(make_sentences(60, seed=seed)):
         hyps = [Hypothesis(ref, {"am": 0.0}), Hypothesis(f"{ref} w{i % 9}", {"am": float(rng.normal())})]
-        request.lists.append(messages.hypothesis_list(NBestEntry(f"s{i}", hyps, [ref])))
+        request.lists.append(hypothesis_list(NBestEntry(f"s{i}", hyps, [ref])))
     return request
 
 

@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from rescoring.decoder_state import DecoderState, StateError, decode, encode
+from lmserve.rescoring.decoder_state import DecoderState, StateError, decode, encode
 
 L, H, V = 2, 16, 43
 FINGERPRINT = bytes(range(32))

@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from server.config import Batching, Limits
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.logs import LOGGER
-from server.models import ModelSet
-from server.service import LMServicer
+from lmserve.server.config import Batching, Limits
+from lmserve.server.logs import LOGGER
+from lmserve.server.models import ModelSet
+from lmserve.server.service import LMServicer
+from lmserve.v1 import lmserve_pb2 as pb
 
 
 class Context:

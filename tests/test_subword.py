@@ -12,16 +12,16 @@ import pytest
 import torch
 from conftest import make_sentences, sentence_batch, tiny_config_text, write_corpus
 
-from rescoring.bundle import Bundle, BundleError
-from rescoring.interpolated import InterpolatedLM
-from rescoring.ngram import NgramLM, build_ngram
-from rescoring.scorer import EOS, Scorer
-from server.client import LMServeClient
-from server.process import ServerProcess
-from training.checkpoint import load_model_for_eval
-from training.cli import main
-from training.export import SentencesGraph
-from training.prepared import PreparedDataError, PreparedDataset, VocabSettings, prepare
+from lmserve.rescoring.bundle import Bundle, BundleError
+from lmserve.rescoring.client import LMServeClient
+from lmserve.rescoring.interpolated import InterpolatedLM
+from lmserve.rescoring.ngram import NgramLM, build_ngram
+from lmserve.rescoring.scorer import EOS, Scorer
+from lmserve.server.process import ServerProcess
+from lmserve.training.checkpoint import load_model_for_eval
+from lmserve.training.cli import main
+from lmserve.training.export import SentencesGraph
+from lmserve.training.prepared import PreparedDataError, PreparedDataset, VocabSettings, prepare
 
 STEMS = ["walk", "talk", "jump", "play", "read", "build", "paint", "sing", "print", "count"]
 AFFIXES = [("", ""), ("re", "ing"), ("un", "ed"), ("", "ers"), ("over", "s")]

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from rescoring.textnorm import PRESETS, TextNormalizer
-from training.gutenberg import normalise_librispeech
+from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
+from lmserve.training.gutenberg import normalise_librispeech
 
 PTB = PRESETS["ptb"]
 GUTENBERG = PRESETS["gutenberg"]

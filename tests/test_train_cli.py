@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import make_sentences, tiny_config_text, write_corpus
 
-from training.cli import main
-from training.config import Config, ScheduleConfig
-from training.model import LSTMLM
-from training.trainer import build_scheduler
+from lmserve.training.cli import main
+from lmserve.training.config import Config, ScheduleConfig
+from lmserve.training.model import LSTMLM
+from lmserve.training.trainer import build_scheduler
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -153,7 +153,7 @@ def slow_config(tmp_path_factory) -> Path:
 def uninterrupted(slow_config, tmp_path_factory) -> dict:
     run = tmp_path_factory.mktemp("uninterrupted") / "run"
     subprocess.run(
-        [sys.executable, "-m", "training.cli", "fit", str(slow_config), "--out", str(run)],
+        [sys.executable, "-m", "lmserve.training.cli", "fit", str(slow_config), "--out", str(run)],
         check=True,
         capture_output=True,
     )
@@ -163,7 +163,7 @@ def uninterrupted(slow_config, tmp_path_factory) -> dict:
 def start_and_signal(config: Path, run: Path, epoch: int, sig: int) -> tuple[int, str]:
     """Start a run, send ``sig`` once it is a few batches into ``epoch``; return its exit status and stderr."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "training.cli", "fit", str(config), "--out", str(run)],
+        [sys.executable, "-m", "lmserve.training.cli", "fit", str(config), "--out", str(run)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -181,7 +181,9 @@ def start_and_signal(config: Path, run: Path, epoch: int, sig: int) -> tuple[int
 
 
 def resume(run: Path) -> dict:
-    subprocess.run([sys.executable, "-m", "training.cli", "fit", "--resume", str(run)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "lmserve.training.cli", "fit", "--resume", str(run)], check=True, capture_output=True
+    )
     return json.loads((run / "results.json").read_text())
 
 

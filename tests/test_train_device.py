@@ -14,11 +14,11 @@ from conftest import make_sentences, tiny_config_text, write_corpus
 from safetensors.torch import load_file
 from test_train_cli import resume, start_and_signal
 
-from training.checkpoint import load_model_for_eval
-from training.cli import main
-from training.corpus import encode_file
-from training.evaluate import evaluate
-from training.trainer import make_batcher
+from lmserve.training.checkpoint import load_model_for_eval
+from lmserve.training.cli import main
+from lmserve.training.corpus import encode_file
+from lmserve.training.evaluate import evaluate
+from lmserve.training.trainer import make_batcher
 
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -89,7 +89,7 @@ def test_gpu_run_stopped_by_ctrl_c_resumes_to_the_uninterrupted_result(tmp_path)
         )
     )
     whole = tmp_path / "whole"
-    subprocess.run([sys.executable, "-m", "training.cli", "fit", str(config), "--out", str(whole)], check=True)
+    subprocess.run([sys.executable, "-m", "lmserve.training.cli", "fit", str(config), "--out", str(whole)], check=True)
     expected = json.loads((whole / "results.json").read_text())
 
     run = tmp_path / "run"

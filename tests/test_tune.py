@@ -4,8 +4,8 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from rescoring import metrics, tune
-from rescoring.tune import TuningSet
+from lmserve.rescoring import metrics, tune
+from lmserve.rescoring.tune import TuningSet
 
 NAMES = ("base", "lm", "noise")
 

@@ -1,6 +1,6 @@
 import pytest
 
-from training.vocab import VocabError, Vocabulary
+from lmserve.training.vocab import VocabError, Vocabulary
 
 SENTENCES = [s.split() for s in ["a b c a", "a b <unk>", "d a b", "e"]]
 

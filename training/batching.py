@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from training.corpus import EncodedCorpus
+from lmserve.training.corpus import EncodedCorpus
 
 
 @dataclass

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from training.atomic import atomic_directory, atomic_write_text
-from training.config import Config, config_from_dict
-from training.model import LSTMLM
-from training.vocab import Vocabulary
+from lmserve.training.atomic import atomic_directory, atomic_write_text
+from lmserve.training.config import Config, config_from_dict
+from lmserve.training.model import LSTMLM
+from lmserve.training.vocab import Vocabulary
 
 
 class CheckpointError(ValueError):

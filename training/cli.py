@@ -7,11 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from training.config import ConfigError, load_config
+from lmserve.training.config import ConfigError, load_config
 
 
 def _fit(args) -> int:
-    from training.trainer import Trainer
+    from lmserve.training.trainer import Trainer
 
     if args.resume:
         if args.config or args.set:
@@ -31,11 +31,11 @@ def _fit(args) -> int:
 def _eval(args) -> int:
     import torch
 
-    from training.checkpoint import load_model_for_eval, resolve_checkpoint
-    from training.evaluate import evaluate
-    from training.prepared import open_corpus
-    from training.subword import per_word, run_subword_model
-    from training.trainer import describe, make_batcher
+    from lmserve.training.checkpoint import load_model_for_eval, resolve_checkpoint
+    from lmserve.training.evaluate import evaluate
+    from lmserve.training.prepared import open_corpus
+    from lmserve.training.subword import per_word, run_subword_model
+    from lmserve.training.trainer import describe, make_batcher
 
     cfg, vocab, model = load_model_for_eval(args.checkpoint)
     if args.mode:
@@ -65,7 +65,7 @@ def _eval(args) -> int:
 def _export(args) -> int:
     import torch
 
-    from training.export import export_bundle, export_warnings
+    from lmserve.training.export import export_bundle, export_warnings
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -85,7 +85,7 @@ def _export(args) -> int:
 
 
 def _prepare(args) -> int:
-    from training.prepared import SPLITS, VocabSettings, prepare, summary_line
+    from lmserve.training.prepared import SPLITS, VocabSettings, prepare, summary_line
 
     inputs = {split: getattr(args, split) or [] for split in SPLITS}
     if args.text_dir:
@@ -109,7 +109,7 @@ def _prepare(args) -> int:
 
 
 def _prepare_gutenberg(args) -> int:
-    from training.gutenberg import prepare_gutenberg
+    from lmserve.training.gutenberg import prepare_gutenberg
 
     summary = prepare_gutenberg(Path(args.data), Path(args.out), args.valid_books, args.test_books)
     print(json.dumps({k: v for k, v in summary.items() if k != "inputs"}, indent=2))
@@ -201,10 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from training.checkpoint import CheckpointError
-    from training.corpus import CorpusError
-    from training.trainer import TrainingInterrupted
-    from training.vocab import VocabError
+    from lmserve.training.checkpoint import CheckpointError
+    from lmserve.training.corpus import CorpusError
+    from lmserve.training.trainer import TrainingInterrupted
+    from lmserve.training.vocab import VocabError
 
     try:
         return args.func(args)

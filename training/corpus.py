@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.vocab import Vocabulary
+from lmserve.training.vocab import Vocabulary
 
 BLOCK_BYTES = 8 << 20  # text handed to a tokeniser at once: about 1.5M words, cut at a line end
 

@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from training.batching import Batch
-from training.distributed import Distributed
-from training.model import LSTMLM
+from lmserve.training.batching import Batch
+from lmserve.training.distributed import Distributed
+from lmserve.training.model import LSTMLM
 
 
 @dataclass

@@ -27,17 +27,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from training import objectives
-from training.atomic import atomic_directory
-from training.batching import SentenceBatches, StreamBatches
-from training.checkpoint import load_model_for_eval, resolve_checkpoint
-from training.config import expand_data_path
-from training.corpus import file_fingerprint
-from training.evaluate import evaluate
-from training.heads.base import per_candidate
-from training.model import LSTMLM
-from training.prepared import open_corpus
-from training.subword import MODEL_FILE, per_word, run_subword_model
+from lmserve.training import objectives
+from lmserve.training.atomic import atomic_directory
+from lmserve.training.batching import SentenceBatches, StreamBatches
+from lmserve.training.checkpoint import load_model_for_eval, resolve_checkpoint
+from lmserve.training.config import expand_data_path
+from lmserve.training.corpus import file_fingerprint
+from lmserve.training.evaluate import evaluate
+from lmserve.training.heads.base import per_candidate
+from lmserve.training.model import LSTMLM
+from lmserve.training.prepared import open_corpus
+from lmserve.training.subword import MODEL_FILE, per_word, run_subword_model
 
 FORMAT_VERSION = 2  # rescoring/bundle.py documents and reads this version
 SUBWORD_FORMAT_VERSION = 3  # the same with an open vocabulary: a sentencepiece model in the bundle

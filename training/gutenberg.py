@@ -16,7 +16,7 @@ import re
 import unicodedata
 from pathlib import Path
 
-from training.atomic import atomic_write_bytes
+from lmserve.training.atomic import atomic_write_bytes
 
 MANIFEST = "MANIFEST.tsv"
 SPLITS = ("train", "valid", "test")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.config import HeadConfig, ModelConfig
-from training.heads import Head, build_head
-from training.heads.slim import SlimEmbedding
+from lmserve.training.config import HeadConfig, ModelConfig
+from lmserve.training.heads import Head, build_head
+from lmserve.training.heads.slim import SlimEmbedding
 
 State = tuple[torch.Tensor, torch.Tensor]
 

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from training.atomic import atomic_directory
-from training.corpus import (
+from lmserve.training.atomic import atomic_directory
+from lmserve.training.corpus import (
     BLOCK_BYTES,
     BlockIds,
     CorpusError,
@@ -49,7 +49,7 @@ from training.corpus import (
     text_blocks,
     tokenise_block,
 )
-from training.vocab import VocabError, Vocabulary
+from lmserve.training.vocab import VocabError, Vocabulary
 
 FORMAT = "lmserve-prepared v1"
 MANIFEST = "manifest.json"
@@ -318,7 +318,7 @@ def _subword_spelling(
 ) -> tuple[Vocabulary, _Spelling, dict]:
     """Train the sentencepiece model on the training split's word counts, spell every word met in any split, and
     order the pieces by their training count (``training.subword``)."""
-    from training import subword
+    from lmserve.training import subword
 
     counts = provisional.counts()
     counts.pop(settings.unk, None)
@@ -438,7 +438,7 @@ def _check_file(path: Path, size: int | None, sha256: str) -> None:
 def encode_subword_file(path: str | Path, model: Path, vocab: Vocabulary, lowercase: bool = False) -> EncodedCorpus:
     """A text file's piece ids under a subword vocabulary (its sentencepiece ``model``), in memory, spelled word by
     word as ``prepare`` spells them; ``text_words`` counts the words."""
-    from training.subword import WordSpeller
+    from lmserve.training.subword import WordSpeller
 
     speller = WordSpeller(model, vocab.unk)
     to_vocab = speller.vocabulary_map(vocab, model)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from training.vocab import BOS, EOS, VocabError, Vocabulary
+from lmserve.training.vocab import BOS, EOS, VocabError, Vocabulary
 
 MODEL_FILE = "subword.model"
 MODEL_TYPES = ("unigram", "bpe")
@@ -120,8 +120,8 @@ def run_subword_model(cfg, run_dir: Path) -> Path | None:
     prepared training dataset (``data.train``, or ``RUN/data`` made from text files); None for a word vocabulary."""
     if cfg.vocab.type != "subword":
         return None
-    from training.prepared import open_dataset
-    from training.trainer import training_dataset
+    from lmserve.training.prepared import open_dataset
+    from lmserve.training.trainer import training_dataset
 
     dataset = training_dataset(cfg, Path(run_dir).resolve())
     model = open_dataset(dataset).subword_model

@@ -26,9 +26,9 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from training.atomic import atomic_write_text
-from training.batching import Batch, SentenceBatches, StreamBatches
-from training.checkpoint import (
+from lmserve.training.atomic import atomic_write_text
+from lmserve.training.batching import Batch, SentenceBatches, StreamBatches
+from lmserve.training.checkpoint import (
     CheckpointError,
     checkpoint_name,
     load_training_state,
@@ -38,16 +38,16 @@ from training.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from training.config import Config, config_from_dict, expand_data_path
-from training.corpus import EncodedCorpus
-from training.curves import MetricsLog, plot_curves
-from training.distributed import Distributed, setup, step_seed
-from training.evaluate import EvalResult, evaluate, flatten
-from training.model import LSTMLM
-from training.objectives import build_objective
-from training.prepared import SPLITS, VocabSettings, is_prepared, open_corpus, open_dataset, prepare
-from training.subword import run_subword_model
-from training.vocab import Vocabulary
+from lmserve.training.config import Config, config_from_dict, expand_data_path
+from lmserve.training.corpus import EncodedCorpus
+from lmserve.training.curves import MetricsLog, plot_curves
+from lmserve.training.distributed import Distributed, setup, step_seed
+from lmserve.training.evaluate import EvalResult, evaluate, flatten
+from lmserve.training.model import LSTMLM
+from lmserve.training.objectives import build_objective
+from lmserve.training.prepared import SPLITS, VocabSettings, is_prepared, open_corpus, open_dataset, prepare
+from lmserve.training.subword import run_subword_model
+from lmserve.training.vocab import Vocabulary
 
 
 class TrainingInterrupted(Exception):

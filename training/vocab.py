@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from training.atomic import atomic_write_text
+from lmserve.training.atomic import atomic_write_text
 
 HEADER = "#lmserve-vocab v1"
 BOS, EOS = "<s>", "</s>"

@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rescoring.nbest import espnet, hyporadise, jsonl, kaldi, moses, srilm
-from rescoring.nbest.checks import MAX_WORDS, check_list
-from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
-from rescoring.nbest.parsing import NBestFormatError
+from lmserve.rescoring.nbest import espnet, hyporadise, jsonl, kaldi, moses, srilm
+from lmserve.rescoring.nbest.checks import MAX_WORDS, check_list
+from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.nbest.parsing import NBestFormatError
 
 __all__ = [
     "FOLDER_FORMATS",

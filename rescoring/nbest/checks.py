@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from rescoring.nbest.model import NBestList
-from rescoring.nbest.parsing import NBestFormatError
+from lmserve.rescoring.nbest.model import NBestList
+from lmserve.rescoring.nbest.parsing import NBestFormatError
 
 MAX_WORDS = 200  # words per hypothesis, offline (--max-words) and in lm-serve (limits.max_words)
 

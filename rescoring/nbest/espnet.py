@@ -19,9 +19,9 @@ import re
 import tarfile
 from pathlib import Path
 
-from rescoring.nbest.files import attach_references, decode, read_text, write_folder
-from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
-from rescoring.nbest.parsing import NBestFormatError, parse_number, split_key, split_lines
+from lmserve.rescoring.nbest.files import attach_references, decode, read_text, write_folder
+from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.nbest.parsing import NBestFormatError, parse_number, split_key, split_lines
 
 NAME = "espnet"
 TRN = "references/ref_wer.trn"

@@ -6,9 +6,9 @@ import gzip
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from rescoring.atomic import replacing_folder
-from rescoring.nbest.model import NBestEntry
-from rescoring.nbest.parsing import NBestFormatError, split_lines
+from lmserve.rescoring.atomic import replacing_folder
+from lmserve.rescoring.nbest.model import NBestEntry
+from lmserve.rescoring.nbest.parsing import NBestFormatError, split_lines
 
 
 def read_text(path: Path) -> str:

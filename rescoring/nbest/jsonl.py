@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rescoring.atomic import atomic_write_text
-from rescoring.nbest.files import attach_references, read_text
-from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
-from rescoring.nbest.parsing import NBestFormatError, json_number, split_lines
+from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.rescoring.nbest.files import attach_references, read_text
+from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.nbest.parsing import NBestFormatError, json_number, split_lines
 
 NAME = "jsonl"
 

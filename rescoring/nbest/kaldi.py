@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rescoring.nbest.files import attach_references, read_text, write_folder
-from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
-from rescoring.nbest.parsing import NBestFormatError, parse_number, split_key, split_lines
+from lmserve.rescoring.nbest.files import attach_references, read_text, write_folder
+from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.nbest.parsing import NBestFormatError, parse_number, split_key, split_lines
 
 NAME = "kaldi"
 COSTS = ("ac_cost", "lm_cost")

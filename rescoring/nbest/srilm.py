@@ -19,9 +19,9 @@ import math
 import re
 from pathlib import Path
 
-from rescoring.nbest.files import attach_references, first_line, read_text, write_folder
-from rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
-from rescoring.nbest.parsing import NBestFormatError, parse_number, split_lines, to_number
+from lmserve.rescoring.nbest.files import attach_references, first_line, read_text, write_folder
+from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.nbest.parsing import NBestFormatError, parse_number, split_lines, to_number
 
 NAME = "srilm"
 HEADERS = {"NBestList1.0": 1, "NBestList2.0": 2}

@@ -3,7 +3,7 @@
 import jiwer
 import pytest
 
-from rescoring.nbest import NBestList, detect_format, read_nbest, write_nbest
+from lmserve.rescoring.nbest import NBestList, detect_format, read_nbest, write_nbest
 
 pytestmark = pytest.mark.integration
 

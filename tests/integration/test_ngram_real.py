@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from rescoring.ngram import NgramLM, find_program
+from lmserve.rescoring.ngram import NgramLM, find_program
 
 pytestmark = pytest.mark.integration
 

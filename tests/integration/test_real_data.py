@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from training.cli import main
-from training.corpus import encode_file, read_sentences
-from training.gutenberg import prepare_gutenberg
-from training.vocab import Vocabulary
+from lmserve.training.cli import main
+from lmserve.training.corpus import encode_file, read_sentences
+from lmserve.training.gutenberg import prepare_gutenberg
+from lmserve.training.vocab import Vocabulary
 
 pytestmark = pytest.mark.integration
 

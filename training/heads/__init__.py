@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from training.config import HeadConfig
-from training.heads.adaptive import AdaptiveSoftmax
-from training.heads.base import Head, LinearHead
-from training.heads.charcnn import CharCNNSoftmax
-from training.heads.class_based import ClassSoftmax
-from training.heads.full import FullSoftmax
-from training.heads.slim import SlimSoftmax
-from training.heads.tree import TREE_TYPES, TreeSoftmax
+from lmserve.training.config import HeadConfig
+from lmserve.training.heads.adaptive import AdaptiveSoftmax
+from lmserve.training.heads.base import Head, LinearHead
+from lmserve.training.heads.charcnn import CharCNNSoftmax
+from lmserve.training.heads.class_based import ClassSoftmax
+from lmserve.training.heads.full import FullSoftmax
+from lmserve.training.heads.slim import SlimSoftmax
+from lmserve.training.heads.tree import TREE_TYPES, TreeSoftmax
 
 HEAD_TYPES = ("full", "adaptive", "class", "tree", "slim", "charcnn")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.heads.base import Head, rowwise_dot
+from lmserve.training.heads.base import Head, rowwise_dot
 
 
 class AdaptiveSoftmax(Head):

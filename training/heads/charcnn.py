@@ -20,8 +20,8 @@ import math
 import torch
 from torch import nn
 
-from training.heads.base import LinearHead
-from training.heads.full import FullSoftmax
+from lmserve.training.heads.base import LinearHead
+from lmserve.training.heads.full import FullSoftmax
 
 PAD, BOW, EOW = 0, 1, 2
 CHUNK = 8192  # words per CNN pass over the vocabulary: bounds the [chunk, filters, positions] activations

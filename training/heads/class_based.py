@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.heads.base import Head, per_candidate, rowwise_dot
-from training.heads.tree import clustered_branches, load_embeddings
+from lmserve.training.heads.base import Head, per_candidate, rowwise_dot
+from lmserve.training.heads.tree import clustered_branches, load_embeddings
 
 
 def frequency_bins(log_prior: torch.Tensor, classes: int) -> torch.Tensor:

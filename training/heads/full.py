@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from training.heads.base import LinearHead
+from lmserve.training.heads.base import LinearHead
 
 
 class FullSoftmax(LinearHead):

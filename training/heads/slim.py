@@ -18,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-from training.heads.base import LinearHead
+from lmserve.training.heads.base import LinearHead
 
 ASSIGNMENT_SEED = 20180201  # the output vectors'; the input embedding's is the next one
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.heads.base import Head, per_candidate
+from lmserve.training.heads.base import Head, per_candidate
 
 TREE_TYPES = ("huffman", "clustered", "huffman_clustered", "balanced")
 
@@ -129,7 +129,7 @@ def load_embeddings(path: str, vocab_size: int, key: str = "head.tree_embeddings
     key that named it, for the errors)."""
     from safetensors.torch import load_file
 
-    from training.checkpoint import resolve_checkpoint  # (imports the model, which imports the heads)
+    from lmserve.training.checkpoint import resolve_checkpoint  # (imports the model, which imports the heads)
 
     tensors = load_file(str(resolve_checkpoint(path) / "model.safetensors"))
     if "embedding.weight" not in tensors:

@@ -7,9 +7,9 @@ and the penalty, ``sampled`` the objectives that never compute the normaliser.
 
 from __future__ import annotations
 
-from training.config import Config, ObjectiveConfig
-from training.objectives.exact import CrossEntropy, ObjectiveOutput, SelfNormPenalty
-from training.objectives.sampled import (
+from lmserve.training.config import Config, ObjectiveConfig
+from lmserve.training.objectives.exact import CrossEntropy, ObjectiveOutput, SelfNormPenalty
+from lmserve.training.objectives.sampled import (
     NCE,
     BetaNCE,
     BlackOut,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training.heads import Head
+from lmserve.training.heads import Head
 
 
 class SelfNormPenalty:

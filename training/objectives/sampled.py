@@ -34,9 +34,9 @@ import math
 import torch
 from torch.nn import functional as F
 
-from training.config import LINEAR_HEADS
-from training.heads import Head, LinearHead
-from training.objectives.exact import ObjectiveOutput, SelfNormPenalty
+from lmserve.training.config import LINEAR_HEADS
+from lmserve.training.heads import Head, LinearHead
+from lmserve.training.objectives.exact import ObjectiveOutput, SelfNormPenalty
 
 
 class Noise:

@@ -12,10 +12,9 @@ import grpc
 import numpy as np
 from tqdm import tqdm
 
-from rescoring.lmscores import HypothesisScores, load_or_compute, texts_fingerprint
-from rescoring.nbest import NBestList
-from server.client import LMServeClient
-from server.messages import normalisation_name
+from lmserve.rescoring.client import LMServeClient, normalisation_name
+from lmserve.rescoring.lmscores import HypothesisScores, load_or_compute, texts_fingerprint
+from lmserve.rescoring.nbest import NBestList
 
 SENTENCES_PER_CALL = 256  # halved while the server answers RESOURCE_EXHAUSTED (its max_sentences is lower)
 

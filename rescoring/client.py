@@ -9,6 +9,10 @@
 
 Errors arrive as ``grpc.RpcError`` with the server's status code and message. Servers with TLS:
 ``LMServeClient(target, ca="ca.pem")``, and with mutual TLS also ``cert="client.pem", key="client.key"``.
+
+It lives in ``rescoring`` (with the client side of the wire messages) because ``lm-rescore --server`` uses it and
+``rescoring`` must not import ``server``; the server imports it from here for ``lm-serve client``. Both sides share the
+generated contract, ``lmserve.v1``. Nothing else in ``rescoring`` imports this module, so scoring never needs gRPC.
 """
 
 from __future__ import annotations
@@ -19,12 +23,18 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rescoring.nbest import NBestEntry
-from server import messages
-from server.lmserve_pb import lmserve_pb2 as pb
-from server.lmserve_pb.lmserve_pb2_grpc import AdminStub, LMServiceStub
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
+from lmserve.v1 import lmserve_pb2 as pb
+from lmserve.v1.lmserve_pb2_grpc import AdminStub, LMServiceStub
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+
+NORMALISATIONS = {
+    "exact": pb.NORMALISATION_EXACT,
+    "self-normalised": pb.NORMALISATION_SELF_NORMALISED,
+    "unnormalised": pb.NORMALISATION_UNNORMALISED,
+}
+"""The bundle's measured labels (``rescoring.bundle``) as the wire enum."""
 
 
 def channel_credentials(
@@ -128,7 +138,7 @@ class LMServeClient:
 
 
 def _lists(lists: Iterable[NBestEntry | pb.HypothesisList]) -> list[pb.HypothesisList]:
-    return [x if isinstance(x, pb.HypothesisList) else messages.hypothesis_list(x) for x in lists]
+    return [x if isinstance(x, pb.HypothesisList) else hypothesis_list(x) for x in lists]
 
 
 def _combine(
@@ -148,3 +158,30 @@ def _combine(
         )
     )
     request.bootstrap_samples = bootstrap_samples
+
+
+def normalisation_name(value: int) -> str | None:
+    """The wire enum back to the bundle's label (None for unspecified)."""
+    return next((name for name, v in NORMALISATIONS.items() if v == value), None)
+
+
+def hypothesis_list(entry: NBestEntry) -> pb.HypothesisList:
+    """A list to send."""
+    return pb.HypothesisList(
+        id=entry.id,
+        hypotheses=[pb.Hypothesis(text=h.text, features=h.features) for h in entry.hypotheses],
+        references=entry.references,
+        source=entry.source or "",
+    )
+
+
+def ranked_lists(result: pb.Rescored) -> NBestList:
+    """A response's ranked lists as an n-best list to write; ranks are the decoder's."""
+    entries = [
+        NBestEntry(
+            ranked.id,
+            [Hypothesis(h.text, dict(h.features), h.original_rank) for h in ranked.hypotheses],
+        )
+        for ranked in result.lists
+    ]
+    return NBestList(entries, "response")

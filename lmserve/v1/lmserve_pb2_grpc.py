@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from . import lmserve_pb2 as lmserve_dot_v1_dot_lmserve__pb2
+from lmserve.v1 import lmserve_pb2 as lmserve_dot_v1_dot_lmserve__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -1,0 +1,7 @@
+"""``python -m lmserve.rescoring``: the same as ``lm-rescore``."""
+
+import sys
+
+from lmserve.rescoring.cli import main
+
+sys.exit(main())
