@@ -1,5 +1,5 @@
-"""The model bundle: the one contract between training (``lm-train export`` writes it) and serving (this module
-reads and validates it). Format versions 2 (word vocabularies) and 3 (open vocabularies: the same plus a
+"""The model bundle: the one contract between training (``lm-train export`` writes it, with the names and versions
+defined here) and serving (this module reads and validates it). Format versions 2 (word vocabularies) and 3 (open vocabularies: the same plus a
 sentencepiece model), documented here once; version 1 bundles are still read.
 
 A bundle is a directory::
@@ -76,8 +76,11 @@ FORMAT_VERSION = 2
 SUBWORD_FORMAT_VERSION = 3  # an open-vocabulary bundle; word bundles keep version 2
 READABLE_VERSIONS = (1, 2, 3)
 VOCAB_TYPES = ("word", "subword")
-VOCAB_HEADER = "#lmserve-vocab v1"
+VOCAB_HEADER = "#lmserve-vocab v1"  # also the header of training's vocab.tsv: one vocabulary file format
 GRAPHS = ("sentences", "step", "step_full")
+MANIFEST_FILE = "manifest.json"
+VOCAB_FILE = "vocab.tsv"  # the names export gives the files; a manifest may name others
+GRAPH_FILES = {graph: f"{graph}.onnx" for graph in GRAPHS}
 NORMALISATIONS = ("exact", "self-normalised", "unnormalised")
 REQUIRED = {
     "format": str,
@@ -158,7 +161,7 @@ class Bundle:
     @classmethod
     def load(cls, path: str | Path, verify_checksums: bool = True) -> Bundle:
         path = Path(path)
-        manifest_path = path / "manifest.json"
+        manifest_path = path / MANIFEST_FILE
         if not manifest_path.is_file():
             raise BundleError(f"{path}: not a model bundle (no manifest.json)")
         try:

@@ -27,6 +27,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from lmserve.rescoring.bundle import (  # the format, defined once where it is read (no torch there)
+    FORMAT,
+    FORMAT_VERSION,
+    GRAPH_FILES,
+    MANIFEST_FILE,
+    SUBWORD_FORMAT_VERSION,
+    VOCAB_FILE,
+)
 from lmserve.training import objectives
 from lmserve.training.atomic import atomic_directory
 from lmserve.training.batching import SentenceBatches, StreamBatches
@@ -39,8 +47,6 @@ from lmserve.training.model import LSTMLM
 from lmserve.training.prepared import open_corpus
 from lmserve.training.subword import MODEL_FILE, per_word, run_subword_model
 
-FORMAT_VERSION = 2  # rescoring/bundle.py documents and reads this version
-SUBWORD_FORMAT_VERSION = 3  # the same with an open vocabulary: a sentencepiece model in the bundle
 OPSET = 17
 # Exact fp32 graphs must reproduce PyTorch to this per-token tolerance, or export fails.
 PARITY_TOLERANCE = 1e-4
@@ -124,7 +130,7 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
     export_onnx(
         SentencesGraph(model, self_normalised),
         (ids, ids.roll(-1, 1), torch.tensor([3, 2]), zeros, zeros),
-        out / "sentences.onnx",
+        out / GRAPH_FILES["sentences"],
         ["input_ids", "target_ids", "lengths", "h0", "c0"],
         ["logprobs"],
         {
@@ -141,7 +147,7 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
     export_onnx(
         StepGraph(model, self_normalised, full=False),
         (prev, zeros, zeros, torch.tensor([[5, 6, 7], [2, 3, 4]])),
-        out / "step.onnx",
+        out / GRAPH_FILES["step"],
         ["prev_ids", "h", "c", "candidates"],
         ["logprobs", "h_out", "c_out"],
         {**state_axes, "candidates": {0: "batch", 1: "candidates"}, "logprobs": {0: "batch", 1: "candidates"}},
@@ -149,7 +155,7 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
     export_onnx(
         StepGraph(model, self_normalised, full=True),
         (prev, zeros, zeros),
-        out / "step_full.onnx",
+        out / GRAPH_FILES["step_full"],
         ["prev_ids", "h", "c"],
         ["logprobs", "h_out", "c_out"],
         {**state_axes, "logprobs": batch},
@@ -160,9 +166,9 @@ def quantize_graphs(out: Path) -> None:
     """int8 weights, activations quantised on the fly (ONNX Runtime dynamic quantisation)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    for name in ("sentences", "step", "step_full"):
-        fp32 = out / f"{name}.onnx"
-        int8 = out / f"{name}.int8.onnx"
+    for name in GRAPH_FILES.values():
+        fp32 = out / name
+        int8 = out / f"{fp32.stem}.int8.onnx"
         quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8)
         int8.replace(fp32)
 
@@ -222,21 +228,21 @@ def export_bundle(
         export_graphs(model, self_normalised, tmp)
         if quantize:
             quantize_graphs(tmp)
-        check = heldout_check(model, self_normalised, tmp / "sentences.onnx", corpus, batches)
+        check = heldout_check(model, self_normalised, tmp / GRAPH_FILES["sentences"], corpus, batches)
         if not quantize and check["max_abs_diff"] > PARITY_TOLERANCE:
             raise RuntimeError(
                 f"exported graph differs from PyTorch by {check['max_abs_diff']:.2e} per token "
                 f"(tolerance {PARITY_TOLERANCE}) on {heldout}"
             )
-        vocab.save(tmp / "vocab.tsv")
-        vocab_fields = {"file": "vocab.tsv", "size": len(vocab), "unk": vocab.unk, "bos": "<s>", "eos": "</s>"}
+        vocab.save(tmp / VOCAB_FILE)
+        vocab_fields = {"file": VOCAB_FILE, "size": len(vocab), "unk": vocab.unk, "bos": "<s>", "eos": "</s>"}
         words = {}
         if subword:
             (tmp / MODEL_FILE).write_bytes(subword.read_bytes())
             vocab_fields |= {"type": "subword", "subword_model": MODEL_FILE}
             words = per_word(exact, corpus)
         manifest = {
-            "format": "lmserve-bundle",
+            "format": FORMAT,
             "format_version": SUBWORD_FORMAT_VERSION if subword else FORMAT_VERSION,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "head": cfg.head.type,
@@ -249,7 +255,7 @@ def export_bundle(
                 "embedding_size": cfg.model.embedding_size,
                 "projection_size": cfg.model.projection_size,
             },
-            "graphs": {name: f"{name}.onnx" for name in ("sentences", "step", "step_full")},
+            "graphs": dict(GRAPH_FILES),
             "opset": OPSET,
             "quantization": "int8-dynamic" if quantize else None,
             "heldout": {
@@ -268,7 +274,7 @@ def export_bundle(
             "training": {"checkpoint": str(ckpt), "config": cfg.to_dict(), "data": training_data(ckpt, cfg)},
             "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())},
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

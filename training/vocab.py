@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from lmserve.rescoring.bundle import VOCAB_HEADER as HEADER  # checkpoints and bundles share the vocabulary format
 from lmserve.training.atomic import atomic_write_text
 
-HEADER = "#lmserve-vocab v1"
 BOS, EOS = "<s>", "</s>"
 
 
