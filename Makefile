@@ -15,29 +15,21 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) kenlm
 
 # KenLM's lmplz (estimates ARPA models) and build_binary, compiled from the PyPI kenlm source package, whose Python
-# module only queries. The source is the version the venv's kenlm module was built from, so both read the same binary
-# format. Idempotent: nothing happens once both binaries exist, and apt runs only when a build dependency is missing.
-# pip's --no-binary names kenlm alone (with :all: pip would compile cmake, a kenlm build requirement, from source), and
-# --no-build-isolation reuses the venv's setuptools, so fetching the source needs no other package.
+# module only queries, by `lm-rescore ngram install-tools` (rescoring/kenlm_tools.py: the source is the version the
+# venv's kenlm module was built from, so both read the same binary format). Idempotent: nothing happens once both
+# binaries exist, and apt runs only when a build dependency is missing. Outside a checkout, lm-rescore finds them
+# through LMSERVE_KENLM_BIN or PATH.
 KENLM := .cache/kenlm
-KENLM_DEBS := libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev \
-	zlib1g-dev libbz2-dev liblzma-dev cmake
 
 kenlm: $(KENLM)/bin/lmplz $(KENLM)/bin/build_binary
 
 $(KENLM)/bin/lmplz $(KENLM)/bin/build_binary &: | $(STAMP)
-	dpkg -s $(KENLM_DEBS) >/dev/null 2>&1 || { \
+	DEBS=$$($(PY) -c 'from lmserve.rescoring.kenlm_tools import DEBIAN_PACKAGES; print(*DEBIAN_PACKAGES)'); \
+	dpkg -s $$DEBS >/dev/null 2>&1 || { \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && \
-		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(KENLM_DEBS); }
-	rm -rf $(KENLM)/src $(KENLM)/build
-	$(PY) -m pip download --quiet --no-deps --no-binary kenlm --no-build-isolation --dest $(KENLM)/src \
-		"kenlm==$$($(PY) -c 'import importlib.metadata as m; print(m.version("kenlm"))')"
-	tar -xzf $(KENLM)/src/kenlm-*.tar.gz -C $(KENLM)/src
-	cmake -S $(KENLM)/src/kenlm-*/ -B $(KENLM)/build -DCMAKE_BUILD_TYPE=Release
-	cmake --build $(KENLM)/build --target lmplz build_binary -j2
-	mkdir -p $(KENLM)/bin
-	cp $(KENLM)/build/bin/lmplz $(KENLM)/build/bin/build_binary $(KENLM)/bin/
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$DEBS; }
+	$(PY) -m lmserve.rescoring ngram install-tools --dest $(KENLM)/bin --jobs 2
 
 # The gRPC contract's Python code (lmserve/v1, committed): regenerate after editing proto/**/*.proto.
 proto: $(STAMP)

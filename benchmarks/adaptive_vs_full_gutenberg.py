@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import shutil
 
-from benchmarks.common import ROOT, time_interleaved, write_result
+from benchmarks.common import DATA_DIR, ROOT, time_interleaved, write_result
 from benchmarks.train_run import fit_or_resume
-from lmserve.training.config import DEFAULT_DATA_DIR, load_config
+from lmserve.training.config import load_config
 from lmserve.training.gutenberg import prepare_gutenberg
 from lmserve.training.trainer import Trainer
 
@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     prepared = ROOT / "var" / "gutenberg"
     if not (prepared / "prepare.json").exists():
-        prepare_gutenberg(DEFAULT_DATA_DIR / "gutenberg", prepared)
+        prepare_gutenberg(DATA_DIR / "gutenberg", prepared)
     results, trainers = {}, {}
     for head in HEADS:
         run_dir = ROOT / "var" / "runs" / f"gutenberg_{head}"

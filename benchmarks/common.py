@@ -18,6 +18,8 @@ from lmserve.training.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+# The shared data sets: $LMSERVE_DATA, else beside this checkout (benchmarks run from one).
+DATA_DIR = Path(os.environ.get("LMSERVE_DATA") or ROOT.parent / "shared" / "data")
 
 
 def git_commit() -> str:
@@ -99,10 +101,9 @@ def ensure_bundle(run: Path, out: Path, quantize: str | None = None, heldout: st
 
 
 def ptb_sentences(split: str = "test") -> list[str]:
-    from lmserve.training.config import DEFAULT_DATA_DIR
     from lmserve.training.corpus import read_sentences
 
-    return [" ".join(words) for words in read_sentences(DEFAULT_DATA_DIR / "ptb" / f"ptb.{split}.txt.gz")]
+    return [" ".join(words) for words in read_sentences(DATA_DIR / "ptb" / f"ptb.{split}.txt.gz")]
 
 
 def _tree_rss_kb(root: int) -> int:
@@ -146,10 +147,10 @@ def run_measured(command: list[str], log: Path, interval: float = 0.05, **popen)
 
 
 def gutenberg_books(name: str = "gutenberg") -> Path:
-    """var/NAME: ../shared/data/NAME made LibriSpeech-like by ``lm-train prepare-gutenberg``, done first when missing."""
+    """var/NAME: DATA_DIR/NAME made LibriSpeech-like by ``lm-train prepare-gutenberg``, done first when missing."""
     books = ROOT / "var" / name
     if not (books / "prepare.json").exists():
-        data = ROOT.parent / "shared" / "data" / name
+        data = DATA_DIR / name
         command = [
             sys.executable,
             "-m",

@@ -26,13 +26,12 @@ from pathlib import Path
 
 from PIL import Image
 
-from benchmarks.common import ROOT, write_result
+from benchmarks.common import DATA_DIR, ROOT, write_result
 from lmserve.rescoring import overlap
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.report_html import write_html
 from lmserve.rescoring.rescore import LanguageModels, report, reranked, setup_from_record, setup_record
 from lmserve.rescoring.tune import read_weights
-from lmserve.training.config import DEFAULT_DATA_DIR
 
 FILTERS = ("all", "changed", "improved", "worsened", "unchanged")
 TARGET_SECONDS = 5.0
@@ -83,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     record = read_weights(args.weights)
     saved = record["setup"]
-    nbest = read_nbest(DEFAULT_DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz")
+    nbest = read_nbest(DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz")
     models = LanguageModels.load(saved["lm"], saved["ngram"], saved["normalize"], threads=1)
     setup = setup_from_record(record)
     ranked, chosen = reranked(nbest, setup, models.scores(nbest, args.cache))

@@ -25,11 +25,10 @@ import random
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import ROOT, write_result
+from benchmarks.common import DATA_DIR, ROOT, write_result
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.overlap import DEFAULT_N, WARN_SHARE, measure
 from lmserve.rescoring.textnorm import PRESETS
-from lmserve.training.config import DEFAULT_DATA_DIR
 
 
 def references(path: Path) -> tuple[list[str], list[str]]:
@@ -68,11 +67,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--var", type=Path, default=ROOT / "var", help="where prepare-gutenberg wrote its folders")
     args = parser.parse_args()
-    libri = DEFAULT_DATA_DIR / "librispeech-nbest"
+    libri = DATA_DIR / "librispeech-nbest"
     clean_refs, clean_ids = references(libri / "dev_clean.tar.gz")
     other_refs, other_ids = references(libri / "dev_other.tar.gz")
     dev_refs, dev_ids = clean_refs + other_refs, clean_ids + other_ids
-    wsj_refs, wsj_ids = references(DEFAULT_DATA_DIR / "wsj-nbest" / "dev.json")
+    wsj_refs, wsj_ids = references(DATA_DIR / "wsj-nbest" / "dev.json")
     rows = []
     for corpus in ("gutenberg", "gutenberg-large"):
         train = args.var / corpus / "train.txt.gz"
@@ -84,7 +83,7 @@ def main() -> None:
             "PTB train vs WSJ dev references (ptb normaliser)",
             wsj_refs,
             wsj_ids,
-            [DEFAULT_DATA_DIR / "ptb" / "ptb.train.txt.gz"],
+            [DATA_DIR / "ptb" / "ptb.train.txt.gz"],
             reference_view=PRESETS["ptb"].normalize,
         )
     )

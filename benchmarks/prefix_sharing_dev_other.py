@@ -14,16 +14,15 @@ import tarfile
 
 import numpy as np
 
-from benchmarks.common import ROOT, ensure_bundle, time_interleaved, write_result
+from benchmarks.common import DATA_DIR, ROOT, ensure_bundle, time_interleaved, write_result
 from lmserve.rescoring.scorer import Scorer
-from lmserve.training.config import DEFAULT_DATA_DIR
 
 
 def read_espnet_hypotheses(split: str) -> list[list[str]]:
     """The hypothesis texts of every utterance, best first, from the ESPnet n-best folder layout."""
     folder = ROOT / "var" / "librispeech" / split
     if not folder.exists():
-        with tarfile.open(DEFAULT_DATA_DIR / "librispeech-nbest" / f"{split}.tar.gz") as tar:
+        with tarfile.open(DATA_DIR / "librispeech-nbest" / f"{split}.tar.gz") as tar:
             tar.extractall(folder.parent, filter="data")
     files = sorted(folder.glob("raw_hypotheses/*best_recog/text"), key=lambda p: int(p.parent.name.split("best")[0]))
     columns = [p.read_text(encoding="utf-8").splitlines() for p in files]

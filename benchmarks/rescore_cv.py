@@ -16,17 +16,16 @@ import argparse
 
 import numpy as np
 
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import DATA_DIR, RESULTS, write_result
 from benchmarks.rescoring_models import PTB, best_lambda, token_scores
 from lmserve.rescoring import metrics
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.rescore import Setup, references_of, setup_record, tune
 from lmserve.rescoring.tune import write_weights
-from lmserve.training.config import DEFAULT_DATA_DIR
 
 SETS = {
     "wsj": {
-        "list": DEFAULT_DATA_DIR / "wsj-nbest" / "dev.json",
+        "list": DATA_DIR / "wsj-nbest" / "dev.json",
         "references": None,
         "metric": "wer",
         "folds": 2,
@@ -34,8 +33,8 @@ SETS = {
         "result": "rescore_wsj_dev",
     },
     "joshua": {
-        "list": DEFAULT_DATA_DIR / "joshua-bn-en" / "output.gold",
-        "references": [DEFAULT_DATA_DIR / "joshua-bn-en" / f"reference.en.{k}" for k in range(4)],
+        "list": DATA_DIR / "joshua-bn-en" / "output.gold",
+        "references": [DATA_DIR / "joshua-bn-en" / f"reference.en.{k}" for k in range(4)],
         "metric": "bleu",
         "folds": 5,
         "base": "total",

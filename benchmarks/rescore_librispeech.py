@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.common import RESULTS, ROOT, write_result
+from benchmarks.common import DATA_DIR, RESULTS, ROOT, write_result
 from benchmarks.rescoring_models import GUTENBERG
 from lmserve.rescoring import metrics
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.rescore import Setup, references_of, report, setup_record, tune
 from lmserve.rescoring.tune import write_weights
-from lmserve.training.config import DEFAULT_DATA_DIR
 
 AM = "am=0.6*decoder+0.4*ctc"
 PROTOCOLS = {"am_plus_ours": "am", "first_pass_plus_ours": "score"}
@@ -35,7 +34,7 @@ def main() -> None:
     parser.add_argument("--features", default="neural,ngram,interp,length,oov", help="ours, next to the first pass")
     parser.add_argument("--lambdas", default="0.2,0.4,0.5,0.6,0.8")
     args = parser.parse_args()
-    lists = DEFAULT_DATA_DIR / "librispeech-nbest"
+    lists = DATA_DIR / "librispeech-nbest"
     dev, test = read_nbest(lists / "dev_clean.tar.gz"), read_nbest(lists / "dev_other.tar.gz")
     models = GUTENBERG.models(args.threads)
     cache = ROOT / "var" / "cache"

@@ -34,12 +34,11 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 
-from benchmarks.common import ROOT, write_result
+from benchmarks.common import DATA_DIR, ROOT, write_result
 from lmserve.rescoring.nbest import NBestList, read_nbest, write_nbest
-from lmserve.training.config import DEFAULT_DATA_DIR
 from tests.nbest_fuzz import CASES, check, mutate, mutations, seed_files
 
-DEV_OTHER = DEFAULT_DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
+DEV_OTHER = DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
 UTTERANCES = 100  # of dev_other, for the kill runs
 KINDS = ("file", "folder", "report", "cache")
 

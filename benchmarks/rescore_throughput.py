@@ -15,14 +15,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import DATA_DIR, RESULTS, write_result
 from benchmarks.rescoring_models import GUTENBERG
 from lmserve.rescoring.atomic import atomic_write_text
 from lmserve.rescoring.lmscores import compute
 from lmserve.rescoring.nbest import read_nbest, write_nbest
 from lmserve.rescoring.rescore import report, reranked, setup_from_record
 from lmserve.rescoring.tune import read_weights
-from lmserve.training.config import DEFAULT_DATA_DIR
 
 
 def main() -> None:
@@ -35,7 +34,7 @@ def main() -> None:
     seconds: dict[str, float] = {}
 
     start = time.perf_counter()
-    nbest = read_nbest(DEFAULT_DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz")
+    nbest = read_nbest(DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz")
     seconds["read"] = time.perf_counter() - start
     lm_scores = compute(nbest, models.scorer, models.ngram, models.normalizer, seconds=seconds)
     start = time.perf_counter()

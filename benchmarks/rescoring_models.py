@@ -20,14 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import ROOT, ensure_bundle
+from benchmarks.common import DATA_DIR, ROOT, ensure_bundle
 from lmserve.rescoring.bundle import Bundle
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.ngram import NgramLM, build_ngram
 from lmserve.rescoring.rescore import LanguageModels
 from lmserve.rescoring.scorer import Scorer
 from lmserve.rescoring.textnorm import TextNormalizer
-from lmserve.training.config import DEFAULT_DATA_DIR
 from lmserve.training.corpus import read_sentences
 
 LAMBDAS = tuple(round(x, 2) for x in np.arange(0.05, 1.0, 0.05))
@@ -66,9 +65,9 @@ PTB = Pair(
     "ptb",
     ROOT / "var" / "runs" / "ptb_small_sentence",
     ROOT / "var" / "bundles" / "ptb_small_sentence",
-    DEFAULT_DATA_DIR / "ptb" / "ptb.train.txt.gz",
-    DEFAULT_DATA_DIR / "ptb" / "ptb.valid.txt.gz",
-    DEFAULT_DATA_DIR / "ptb" / "ptb.test.txt.gz",
+    DATA_DIR / "ptb" / "ptb.train.txt.gz",
+    DATA_DIR / "ptb" / "ptb.valid.txt.gz",
+    DATA_DIR / "ptb" / "ptb.test.txt.gz",
     "ptb",
 )
 GUTENBERG = Pair(

@@ -109,15 +109,14 @@ def batches(sentences: list[list[int]]) -> list[list[list[int]]]:
 
 def gutenberg_sentences(vocab_size: int, count: int) -> list[list[int]]:
     """Held-out Gutenberg sentences as ids of a ``vocab_size``-word vocabulary built on the training books."""
-    from benchmarks.common import ROOT
-    from lmserve.training.config import DEFAULT_DATA_DIR
+    from benchmarks.common import DATA_DIR, ROOT
     from lmserve.training.corpus import encode_file, read_sentences
     from lmserve.training.gutenberg import prepare_gutenberg
     from lmserve.training.vocab import Vocabulary
 
     prepared = ROOT / "var" / "gutenberg"
     if not (prepared / "prepare.json").exists():
-        prepare_gutenberg(DEFAULT_DATA_DIR / "gutenberg", prepared)
+        prepare_gutenberg(DATA_DIR / "gutenberg", prepared)
     vocab = Vocabulary.build(read_sentences(prepared / "train.txt.gz"), max_size=vocab_size)
     corpus = encode_file(prepared / "valid.txt.gz", vocab)
     return [corpus.sentence(i).tolist() for i in range(min(count, corpus.num_sentences))]

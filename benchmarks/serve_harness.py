@@ -19,13 +19,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from benchmarks.common import RESULTS, ROOT, ensure_bundle, ptb_sentences
+from benchmarks.common import DATA_DIR, RESULTS, ROOT, ensure_bundle, ptb_sentences
 from benchmarks.rescoring_models import GUTENBERG
 from lmserve.rescoring.client import hypothesis_list
 from lmserve.rescoring.nbest import NBestEntry, read_nbest
 from lmserve.rescoring.tune import read_weights
 from lmserve.server.process import ServerProcess
-from lmserve.training.config import DEFAULT_DATA_DIR
 from lmserve.v1 import lmserve_pb2 as pb
 
 BUNDLE = GUTENBERG.bundle
@@ -38,7 +37,7 @@ PROFILE = "dev_clean"  # the weights file was tuned on dev_clean; the load repla
 # used when the weights file is missing: the shape of the tuned ones (first-pass score, our LMs, length, OOVs)
 INLINE_WEIGHTS = {"score": 1.0, "neural": 0.06, "ngram": 0.0, "length": -1.0, "oov": -5.7}
 LAMBDA = 0.4
-DEV_OTHER = DEFAULT_DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
+DEV_OTHER = DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
 METHODS = {
     pb.RescoreNBestRequest: "RescoreNBest",
     pb.ScoreSentencesRequest: "ScoreSentences",

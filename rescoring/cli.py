@@ -122,6 +122,15 @@ def _ngram_build(args) -> int:
     return 0
 
 
+def _ngram_install_tools(args) -> int:
+    from lmserve.rescoring.kenlm_tools import install_tools
+
+    for path in install_tools(args.dest, args.source, args.jobs):
+        print(path)
+    print(f"lm-rescore ngram build finds them with LMSERVE_KENLM_BIN={Path(args.dest).resolve()}", file=sys.stderr)
+    return 0
+
+
 def _ngram_query(args) -> int:
     lm = NgramLM(args.lm)
     view = _text_view(args)
@@ -166,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     score.set_defaults(func=_score)
 
-    ngram = sub.add_parser("ngram", help="KenLM n-gram models: build with lmplz (`make kenlm`), query").add_subparsers(
+    ngram = sub.add_parser("ngram", help="KenLM n-gram models: build with lmplz, query").add_subparsers(
         dest="ngram_command", required=True
     )
     build = ngram.add_parser("build", help="estimate a modified Kneser-Ney n-gram: MODEL.arpa and MODEL.bin")
@@ -185,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--lm", required=True, help="ARPA (plain or .gz) or KenLM binary model")
     _text_arguments(query)
     query.set_defaults(func=_ngram_query)
+    tools = ngram.add_parser("install-tools", help="compile KenLM's lmplz and build_binary (cmake, C++, boost)")
+    tools.add_argument("--dest", required=True, help="folder for the two programs (then LMSERVE_KENLM_BIN=DEST)")
+    tools.add_argument("--source", help="a kenlm source archive (default: pip downloads the installed version's)")
+    tools.add_argument("--jobs", type=int, default=2, help="parallel compile jobs (default: %(default)s)")
+    tools.set_defaults(func=_ngram_install_tools)
     rescore_cli.add_commands(sub)
     return parser
 

@@ -1,8 +1,8 @@
 """KenLM n-gram models: query with the ``kenlm`` module, build with KenLM's ``lmplz`` and ``build_binary``.
 
 The split is KenLM's own: the Python module only reads models (ARPA, gzipped ARPA or KenLM binary), the two programs
-estimate them (``make kenlm`` compiles them into ``.cache/kenlm/bin``). Scores here are natural logs like the neural
-scorer's; KenLM's log10 values are converted. Sentences are scored independently as ``<s> w1 .. wn </s>``.
+estimate them (``lm-rescore ngram install-tools`` compiles them; :func:`find_program` says where they are looked
+for). Scores here are natural logs like the neural scorer's; KenLM's log10 values are converted. Sentences are scored independently as ``<s> w1 .. wn </s>``.
 
 Decoders step word by word with an :class:`NgramState`. The server is stateless, so a state must travel to the client
 and back: it is fully determined by the last ``order - 1`` words, which is what :func:`NgramLM.state_bytes` writes.
@@ -24,9 +24,10 @@ from pathlib import Path
 import kenlm
 import numpy as np
 
+from lmserve.rescoring.checkout import source_checkout
+
 LN10 = math.log(10)
-ROOT = Path(__file__).resolve().parents[1]
-KENLM_BIN = ROOT / ".cache" / "kenlm" / "bin"
+KENLM_BIN_ENV = "LMSERVE_KENLM_BIN"
 BOS, UNK = "<s>", "<unk>"
 # lmplz rejects <unk> in its input, yet closed-vocabulary corpora (PTB) use it as a word, 4-5% of tokens. It goes in
 # under this stand-in, a token no real text has, and comes out merged with lmplz's own <unk>: see _merge_unk.
@@ -128,17 +129,28 @@ class NgramLM:
 
 
 def find_program(name: str) -> Path:
-    """``$LMSERVE_KENLM_BIN``, then the repository's ``.cache/kenlm/bin`` (``make kenlm``), then PATH."""
-    places = [Path(os.environ["LMSERVE_KENLM_BIN"])] if os.environ.get("LMSERVE_KENLM_BIN") else []
-    places.append(KENLM_BIN)
-    for place in places:
-        if (place / name).is_file() and os.access(place / name, os.X_OK):
-            return place / name
+    """KenLM's ``lmplz`` or ``build_binary``: in ``$LMSERVE_KENLM_BIN``, then on PATH, then (in a source checkout
+    only) in its ``.cache/kenlm/bin`` (``make kenlm``)."""
+    env = os.environ.get(KENLM_BIN_ENV)
+    if env:
+        program = Path(env) / name
+        if program.is_file() and os.access(program, os.X_OK):
+            return program
+        raise FileNotFoundError(
+            f"${KENLM_BIN_ENV} = {env}: no executable {name} there (`lm-rescore ngram install-tools --dest {env}` "
+            "builds lmplz and build_binary into it)"
+        )
     found = shutil.which(name)
     if found:
         return Path(found)
-    searched = ", ".join(str(p) for p in places)
-    raise FileNotFoundError(f"KenLM's {name} is not in {searched} or on PATH: run `make kenlm` to build it")
+    checkout = source_checkout()
+    if checkout and (checkout / ".cache" / "kenlm" / "bin" / name).is_file():
+        return checkout / ".cache" / "kenlm" / "bin" / name
+    raise FileNotFoundError(
+        f"KenLM's {name} is not on PATH and ${KENLM_BIN_ENV} is not set: build lmplz and build_binary with "
+        f"`lm-rescore ngram install-tools --dest DIR` (needs cmake, a C++ compiler and the boost, zlib, bz2 and lzma "
+        f"headers), then set {KENLM_BIN_ENV}=DIR or put DIR on PATH"
+    )
 
 
 def build_ngram(

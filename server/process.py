@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from lmserve.rescoring.checkout import source_checkout
 
 
 class ServerProcess:
@@ -34,7 +34,7 @@ class ServerProcess:
         command = [sys.executable, "-m", "lmserve.server.cli", "serve", "--config", str(config), "--port", "0", *args]
         self.proc = subprocess.Popen(
             command,
-            cwd=ROOT,
+            cwd=source_checkout(),  # a checkout's own code, not another's that an editable install names
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env={**os.environ, **(env or {})},

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from lmserve.training.config import ConfigError, load_config, parse_override
+from lmserve.training.config import ConfigError, expand_data_path, load_config, parse_override
 
 
 def write(tmp_path, text):
@@ -79,3 +79,21 @@ def test_shipped_configs_load():
     assert configs
     for path in configs:
         load_config(path)
+
+
+def test_the_data_folder_comes_from_lmserve_data_or_the_current_directory(tmp_path, monkeypatch):
+    """Never from where the package lies: an installed lm-train must not look beside site-packages."""
+    monkeypatch.setenv("LMSERVE_DATA", str(tmp_path))
+    assert expand_data_path("{data}/ptb/train.txt") == f"{tmp_path}/ptb/train.txt"
+    assert expand_data_path("plain.txt") == "plain.txt"
+    monkeypatch.setenv("LMSERVE_DATA", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match=r"LMSERVE_DATA = .*missing, which does not exist: set LMSERVE_DATA=DIR or"):
+        expand_data_path("{data}/x.txt")
+    monkeypatch.delenv("LMSERVE_DATA")
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "checkout").mkdir()
+    monkeypatch.chdir(tmp_path / "checkout")  # a source checkout's root, where make and CI run
+    assert expand_data_path("{data}/x.txt") == str(Path("../shared/data/x.txt"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"\.\./shared/data \(from .*\), which does not exist"):
+        expand_data_path("{data}/x.txt")

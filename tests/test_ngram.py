@@ -106,11 +106,14 @@ def test_missing_or_unreadable_model_files_are_named(tmp_path):
         NgramLM(bad)
 
 
-def test_missing_binaries_say_to_run_make_kenlm(tmp_path, monkeypatch):
+def test_missing_binaries_say_how_to_get_them(tmp_path, monkeypatch):
     monkeypatch.setenv("LMSERVE_KENLM_BIN", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"LMSERVE_KENLM_BIN = .*: no executable lmplz there .*install-tools"):
+        build_ngram([["a", "b"]], order=2, out=tmp_path / "lm")
+    monkeypatch.delenv("LMSERVE_KENLM_BIN")
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(ngram, "KENLM_BIN", tmp_path / "none")
-    with pytest.raises(FileNotFoundError, match="lmplz is not in .*: run `make kenlm`"):
+    monkeypatch.setattr(ngram, "source_checkout", lambda: None)  # as an installed package: no .cache/kenlm/bin
+    with pytest.raises(FileNotFoundError, match=r"lmplz is not on PATH .*`lm-rescore ngram install-tools --dest DIR`"):
         build_ngram([["a", "b"]], order=2, out=tmp_path / "lm")
     assert list(tmp_path.iterdir()) == []
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from lmserve.training.config import ConfigError, load_config
+from lmserve.training.config import CHECKOUT_DATA_DIR, DATA_ENV, ConfigError, data_dir, load_config
 
 
 def _fit(args) -> int:
@@ -111,7 +112,8 @@ def _prepare(args) -> int:
 def _prepare_gutenberg(args) -> int:
     from lmserve.training.gutenberg import prepare_gutenberg
 
-    summary = prepare_gutenberg(Path(args.data), Path(args.out), args.valid_books, args.test_books)
+    books = Path(args.data) if args.data else data_dir() / "gutenberg"
+    summary = prepare_gutenberg(books, Path(args.out), args.valid_books, args.test_books)
     print(json.dumps({k: v for k, v in summary.items() if k != "inputs"}, indent=2))
     return 0
 
@@ -121,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import version  # (here only: nothing else in this module needs it)
 
     parser.add_argument("--version", action="version", version=f"%(prog)s (lmserve) {version('lmserve')}")
+    parser.add_argument(
+        "--data-dir",
+        help=f"the shared data folder that {{data}} in configs names (before the command; the same as "
+        f"${DATA_ENV}=DIR; default ${DATA_ENV}, else {CHECKOUT_DATA_DIR} from the current directory)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     fit = sub.add_parser("fit", help="train a model from a TOML config")
@@ -191,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=_prepare)
 
     prep = sub.add_parser("prepare-gutenberg", help="Project Gutenberg books -> LibriSpeech-style train/valid/test")
-    prep.add_argument("--data", default="../shared/data/gutenberg", help="folder with pg*.txt.gz and MANIFEST.tsv")
+    prep.add_argument("--data", help="folder with pg*.txt.gz and MANIFEST.tsv (default: DATA_DIR/gutenberg)")
     prep.add_argument("--out", default="var/gutenberg")
     prep.add_argument("--valid-books", type=int, default=3)
     prep.add_argument("--test-books", type=int, default=3)
@@ -201,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.data_dir:  # through the environment, so that every {data} of this run (and its children) means it
+        os.environ[DATA_ENV] = str(Path(args.data_dir).resolve())
     from lmserve.training.checkpoint import CheckpointError
     from lmserve.training.corpus import CorpusError
     from lmserve.training.trainer import TrainingInterrupted

@@ -14,8 +14,11 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The shared data sets live beside the checkout: ../shared/data from the project root, unless $LMSERVE_DATA says.
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# The shared data sets: $LMSERVE_DATA (or lm-train --data-dir, which sets it), else ../shared/data from the current
+# directory, where they lie for a source checkout's root (make and CI run there). Never a path computed from where
+# the package is installed.
+DATA_ENV = "LMSERVE_DATA"
+CHECKOUT_DATA_DIR = Path("..") / "shared" / "data"
 
 
 class ConfigError(ValueError):
@@ -275,9 +278,24 @@ def _check_head_and_objective(config: Config, source: str) -> None:
         )
 
 
+def data_dir() -> Path:
+    """The shared data folder: ``$LMSERVE_DATA``, else ``../shared/data`` from the current directory."""
+    return Path(os.environ.get(DATA_ENV) or CHECKOUT_DATA_DIR)
+
+
 def expand_data_path(path: str) -> str:
-    """Paths may say ``{data}`` for the shared data folder ($LMSERVE_DATA, default ../shared/data)."""
-    return path.replace("{data}", os.environ.get("LMSERVE_DATA", str(DEFAULT_DATA_DIR)))
+    """Paths may say ``{data}`` for the shared data folder (:func:`data_dir`); an error when that folder is missing
+    says how to name it."""
+    if "{data}" not in path:
+        return path
+    folder = data_dir()
+    if not folder.is_dir():
+        where = f"${DATA_ENV} = {folder}" if os.environ.get(DATA_ENV) else f"{folder} (from {Path.cwd()})"
+        raise ConfigError(
+            f"{path}: {{data}} is the shared data folder, {where}, which does not exist: "
+            f"set {DATA_ENV}=DIR or pass lm-train --data-dir DIR"
+        )
+    return path.replace("{data}", str(folder))
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
