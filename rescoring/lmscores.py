@@ -8,10 +8,13 @@ replaced by ``<unk>`` for the n-gram too. Per-word interpolation is then a mixtu
 events (the neural vocabulary plus ``</s>``), so its perplexity is a true perplexity. Token scores are natural logs,
 one per word and one for ``</s>``.
 
-Cache file (JSONL): a header line ``{"format": "lmserve-lmscores", "format_version": 1, "key": {...}}`` where the key
+Cache file (JSONL): a header line ``{"format": "lmserve-lmscores", "format_version": 2, "key": {...}}`` where the key
 fingerprints the lists' texts, the bundle's files, the n-gram file and the normaliser (or the lm-serve model the scores
 came from); then one line per entry:
-``{"id", "hypotheses": [{"neural": [...], "ngram": [...], "oov": n}]}``. A cache whose key differs is recomputed.
+``{"id", "hypotheses": [{"neural": [...], "ngram": [...], "oov": n}]}``. A cache whose key differs is recomputed, and
+so is one of version 1, which kept 7 significant digits: a run that read it wrote other features than the run that
+computed it. Version 2 keeps every score exactly, so a rerun, a sharded run and a run through lm-serve (which sends
+exact sums) write the same bytes.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from lmserve.rescoring.scorer import Scorer, SentenceScore
 from lmserve.rescoring.textnorm import TextNormalizer
 
 FORMAT = "lmserve-lmscores"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+OLD_VERSIONS = (1,)  # recomputed when found
 UNK_WORD = "<unk>"
 
 
@@ -80,8 +84,12 @@ def texts_fingerprint(nbest: NBestList) -> str:
 def cache_key(
     nbest: NBestList, scorer: Scorer | None, ngram: NgramLM | None, normalizer: TextNormalizer
 ) -> dict[str, str | None]:
+    return {"texts": texts_fingerprint(nbest), **models_key(scorer, ngram, normalizer)}
+
+
+def models_key(scorer: Scorer | None, ngram: NgramLM | None, normalizer: TextNormalizer) -> dict[str, str | None]:
+    """What the scores depend on besides the texts: the bundle's files, the n-gram file, the normaliser."""
     return {
-        "texts": texts_fingerprint(nbest),
         "neural": None if scorer is None else json.dumps(scorer.bundle.manifest["files"], sort_keys=True),
         "ngram": None if ngram is None else ngram.fingerprint,
         "normalizer": json.dumps(normalizer.to_dict(), sort_keys=True),
@@ -260,7 +268,7 @@ def load_or_compute(
 
 def write_cache(path: Path, key: dict, nbest: NBestList, scores: list[list[HypothesisScores]]) -> None:
     def array(x: np.ndarray | None) -> list[float] | None:
-        return None if x is None else [float(f"{v:.7g}") for v in x]
+        return None if x is None else x.tolist()  # every digit: a cached run writes what a fresh one does
 
     def lines() -> Iterable[str]:
         yield json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "key": key})
@@ -278,6 +286,8 @@ def read_cache(path: Path, key: dict) -> list[list[HypothesisScores]] | None:
             header = json.loads(f.readline())
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:1: not a JSON header line ({err})") from err
+        if header.get("format") == FORMAT and header.get("format_version") in OLD_VERSIONS:
+            return None
         if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}:1: expected a {FORMAT} v{FORMAT_VERSION} header, got {header}")
         if header.get("key") != key:

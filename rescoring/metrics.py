@@ -25,6 +25,7 @@ from sacrebleu.metrics import BLEU
 METRICS = ("wer", "bleu")
 HIGHER_IS_BETTER = {"wer": False, "bleu": True}
 WER_SIGNATURE = f"wer|words:whitespace|norm:none|jiwer:{version('jiwer')}"
+WER_COUNTS = ("substitutions", "deletions", "insertions", "hits")  # per utterance: ``wer_counts``
 
 # -- WER ---------------------------------------------------------------------------------------------------------
 
@@ -37,41 +38,53 @@ def wer_report(references: Sequence[str], hypotheses: Sequence[str]) -> dict:
     *count* when no reference has a word, so the rate is computed here from the counts: 0 when nothing is wrong,
     ``inf`` when there are errors but no reference words to divide them by.
     """
-    _same_length(references, hypotheses)
-    if not references:
-        counts = dict.fromkeys(("substitutions", "deletions", "insertions", "hits"), 0)
-    else:
-        out = jiwer.process_words(list(references), list(hypotheses))
-        counts = {
-            "substitutions": out.substitutions,
-            "deletions": out.deletions,
-            "insertions": out.insertions,
-            "hits": out.hits,
-        }
-    ref_words = counts["hits"] + counts["substitutions"] + counts["deletions"]
-    errors = counts["substitutions"] + counts["deletions"] + counts["insertions"]
+    return wer_report_from_counts(wer_counts(references, hypotheses).sum(0), len(references))
+
+
+def wer_report_from_counts(totals: np.ndarray, sentences: int) -> dict:
+    """``wer_report`` from summed ``wer_counts``: what lets the shards of a list be reported as one list."""
+    substitutions, deletions, insertions, hits = (int(x) for x in totals)
+    ref_words = hits + substitutions + deletions
+    errors = substitutions + deletions + insertions
     return {
         "wer": wer_from_stats(np.array([errors, ref_words])),
-        **counts,
+        "substitutions": substitutions,
+        "deletions": deletions,
+        "insertions": insertions,
+        "hits": hits,
         "reference_words": ref_words,
-        "sentences": len(references),
+        "sentences": sentences,
         "signature": WER_SIGNATURE,
     }
 
 
+def wer_counts(references: Sequence[str], hypotheses: Sequence[str]) -> np.ndarray:
+    """Per utterance ``WER_COUNTS`` (int64, shape [n, 4]), from one jiwer alignment of all pairs. jiwer aligns each
+    pair on its own and sums, so these rows sum to its corpus counts for any subset of the pairs."""
+    _same_length(references, hypotheses)
+    if not references:
+        return np.zeros((0, 4), dtype=np.int64)
+    column = {"substitute": 0, "delete": 1, "insert": 2, "equal": 3}
+    rows = []
+    for chunks in jiwer.process_words(list(references), list(hypotheses)).alignments:
+        row = [0, 0, 0, 0]
+        for c in chunks:
+            row[column[c.type]] += (
+                c.hyp_end_idx - c.hyp_start_idx if c.type == "insert" else c.ref_end_idx - c.ref_start_idx
+            )
+        rows.append(row)
+    return np.array(rows, dtype=np.int64)
+
+
 def wer_stats(references: Sequence[str], hypotheses: Sequence[str]) -> np.ndarray:
     """Per utterance ``[errors, reference_words]`` (int64, shape [n, 2]), from one jiwer alignment of all pairs."""
-    _same_length(references, hypotheses)
-    stats = np.zeros((len(references), 2), dtype=np.int64)
-    if not references:
-        return stats
-    out = jiwer.process_words(list(references), list(hypotheses))
-    for i, (ref, chunks) in enumerate(zip(out.references, out.alignments, strict=True)):
-        errors = sum(
-            max(c.ref_end_idx - c.ref_start_idx, c.hyp_end_idx - c.hyp_start_idx) for c in chunks if c.type != "equal"
-        )
-        stats[i] = errors, len(ref)
-    return stats
+    return errors_and_words(wer_counts(references, hypotheses))
+
+
+def errors_and_words(counts: np.ndarray) -> np.ndarray:
+    """``wer_counts`` rows as ``[errors, reference_words]``, the statistics WER is a function of."""
+    substitutions, deletions, insertions, hits = counts.T
+    return np.stack([substitutions + deletions + insertions, hits + substitutions + deletions], axis=1)
 
 
 def wer_from_stats(totals: np.ndarray) -> float:
@@ -98,6 +111,34 @@ def bleu_report(references: Sequence[Sequence[str]], hypotheses: Sequence[str], 
         "sys_len": score.sys_len,
         "ref_len": score.ref_len,
         "sentences": len(hypotheses),
+        "signature": str(bleu.get_signature()),
+    }
+
+
+def bleu_report_from_stats(totals: np.ndarray, sentences: int, references: int, **bleu_args) -> dict:
+    """``bleu_report`` from summed ``bleu_stats`` of sentences with ``references`` references each (sacrebleu's
+    corpus score is the same function of the same sums)."""
+    bleu = BLEU(**bleu_args)
+    order = bleu.max_ngram_order
+    t = [int(x) for x in totals]
+    score = BLEU.compute_bleu(
+        correct=t[2 : 2 + order],
+        total=t[2 + order :],
+        sys_len=t[0],
+        ref_len=t[1],
+        smooth_method=bleu.smooth_method,
+        smooth_value=bleu.smooth_value,
+        effective_order=bleu.effective_order,
+        max_ngram_order=order,
+    )
+    bleu.num_refs = references  # what sacrebleu sets when it reads references, for the signature
+    return {
+        "bleu": score.score,
+        "precisions": list(score.precisions),
+        "bp": score.bp,
+        "sys_len": score.sys_len,
+        "ref_len": score.ref_len,
+        "sentences": sentences,
         "signature": str(bleu.get_signature()),
     }
 
@@ -207,14 +248,20 @@ def paired_bootstrap(
         signature = bleu_report(references, sys_a, **bleu_args)["signature"]
     else:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-    result = paired_bootstrap_stats(metric, stats_a, stats_b, samples, seed, **bleu_args)
-    return {**result, "signature": f"{signature}|bootstrap:{samples}|seed:{seed}"}
+    return paired_bootstrap_stats(metric, stats_a, stats_b, samples, seed, signature=signature, **bleu_args)
 
 
 def paired_bootstrap_stats(
-    metric: str, stats_a: np.ndarray, stats_b: np.ndarray, samples: int = 1000, seed: int = 0, **bleu_args
+    metric: str,
+    stats_a: np.ndarray,
+    stats_b: np.ndarray,
+    samples: int = 1000,
+    seed: int = 0,
+    signature: str | None = None,
+    **bleu_args,
 ) -> dict:
-    """``paired_bootstrap`` on per-utterance sufficient statistics.
+    """``paired_bootstrap`` on per-utterance sufficient statistics (``signature``: the metric's, to which the
+    bootstrap's settings are added).
 
     Each sample draws n utterances with replacement, the same draw for both systems, and recomputes both corpus
     scores from the summed statistics. ``p_value`` is the fraction of samples in which B is *not* better than A
@@ -245,6 +292,7 @@ def paired_bootstrap_stats(
         "p_value": float(1.0 - b_better.mean()),
         "samples": samples,
         "seed": seed,
+        **({} if signature is None else {"signature": f"{signature}|bootstrap:{samples}|seed:{seed}"}),
     }
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from lmserve.rescoring import metrics
 from lmserve.rescoring.features import feature_matrices, parse_definition
-from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute
+from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute, models_key
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.ngram import NgramLM
 from lmserve.rescoring.scorer import Scorer
@@ -67,6 +67,11 @@ class LanguageModels:
     def normalisation(self) -> str | None:
         """The neural LM's measured normalisation (``rescoring.bundle``), None without one."""
         return None if self.scorer is None else self.scorer.normalisation
+
+    @property
+    def fingerprint(self) -> dict[str, str | None]:
+        """What their scores depend on (``lmscores.models_key``): part of a sharded run's identity."""
+        return models_key(self.scorer, self.ngram, self.normalizer)
 
     def scores(self, nbest: NBestList, cache: Path | None = None, progress: bool = False):
         """Per-token scores of every hypothesis (``rescoring.lmscores``), None without models. The rescoring job
@@ -216,32 +221,59 @@ def tune(
     return Tuned(trial, result, by_lambda, cv, data, adopted)
 
 
+REPORT_SYSTEMS = ("1best", "rescored", "oracle")
+
+
 def report(nbest: NBestList, chosen: Sequence[int], metric: str, bootstrap_samples: int = 1000) -> dict:
-    """1-best (the decoder's first), rescored and oracle side by side, and a paired bootstrap of rescored vs 1-best."""
+    """1-best (the decoder's first), rescored and oracle side by side, and a paired bootstrap of rescored vs 1-best.
+    Every figure is a function of per-utterance statistics (:func:`utterance_stats`), so the shards of a list,
+    merged, give the report of the whole list (``rescoring.shards``)."""
+    references = len(nbest.entries[0].references) if len(nbest) else 0
+    stats = utterance_stats(nbest, chosen, metric)
+    return report_from_stats(nbest.name, metric, stats, references, bootstrap_samples)
+
+
+def utterance_stats(nbest: NBestList, chosen: Sequence[int], metric: str) -> np.ndarray:
+    """Per utterance an int64 row: its number of hypotheses, the chosen and the oracle hypothesis' index, then the
+    metric's statistics of the 1-best, the chosen and the oracle hypothesis (WER: ``metrics.WER_COUNTS``; BLEU:
+    sacrebleu's, ``metrics.bleu_stats``), in the order of ``REPORT_SYSTEMS``."""
     refs = references_of(nbest, metric)
     texts = [[h.text for h in e.hypotheses] for e in nbest]
-    first = metrics.pick(texts, np.zeros(len(texts), dtype=np.int64))
-    rescored = metrics.pick(texts, chosen)
+    sizes = np.array([len(t) for t in texts], dtype=np.int64)
+    chosen = np.asarray(chosen, dtype=np.int64)
+    first = np.zeros(len(texts), dtype=np.int64)
     if metric == "wer":
-        oracle = metrics.pick(texts, metrics.oracle_wer(refs, texts))
-        rows = {
-            name: metrics.wer_report(refs, hyps)
-            for name, hyps in (("1best", first), ("rescored", rescored), ("oracle", oracle))
-        }
+        flat_refs = [ref for ref, hyps in zip(refs, texts, strict=True) for _ in hyps]
+        counts = metrics.wer_counts(flat_refs, [h for hyps in texts for h in hyps])  # every hypothesis, once
+        oracle = metrics.choose(metrics.unflatten(-metrics.errors_and_words(counts)[:, 0], texts))
+        starts = np.cumsum(sizes) - sizes
+        systems = [counts[starts + k] for k in (first, chosen, oracle)]
     else:
-        oracle = metrics.pick(texts, metrics.oracle_bleu(refs, texts))
-        rows = {
-            name: metrics.bleu_report(refs, hyps)
-            for name, hyps in (("1best", first), ("rescored", rescored), ("oracle", oracle))
-        }
-    bootstrap = metrics.paired_bootstrap(metric, refs, first, rescored, samples=bootstrap_samples)
-    changed = int(np.count_nonzero(np.asarray(chosen) != 0))
+        oracle = metrics.oracle_bleu(refs, texts)
+        systems = [metrics.bleu_stats(refs, metrics.pick(texts, k)) for k in (first, chosen, oracle)]
+    return np.column_stack([sizes, chosen, oracle, *systems]).astype(np.int64)
+
+
+def report_from_stats(
+    name: str, metric: str, stats: np.ndarray, references: int = 1, bootstrap_samples: int = 1000
+) -> dict:
+    """:func:`report` from :func:`utterance_stats` rows (``references``: per sentence, for BLEU's signature):
+    corpus figures from summed counts, never from averaged rates."""
+    systems = dict(zip(REPORT_SYSTEMS, np.split(stats[:, 3:], 3, axis=1), strict=True))
+    if metric == "wer":
+        rows = {system: metrics.wer_report_from_counts(s.sum(0), len(stats)) for system, s in systems.items()}
+        first, rescored = (metrics.errors_and_words(systems[k]) for k in ("1best", "rescored"))
+    else:
+        rows = {k: metrics.bleu_report_from_stats(s.sum(0), len(stats), references) for k, s in systems.items()}
+        first, rescored = systems["1best"], systems["rescored"]
+    signature = rows["1best"]["signature"]
+    bootstrap = metrics.paired_bootstrap_stats(metric, first, rescored, bootstrap_samples, signature=signature)
     return {
-        "list": nbest.name,
+        "list": name,
         "metric": metric,
-        "utterances": len(nbest),
-        "hypotheses": nbest.num_hypotheses,
-        "changed_choices": changed,
+        "utterances": len(stats),
+        "hypotheses": int(stats[:, 0].sum()),
+        "changed_choices": int(np.count_nonzero(stats[:, 1])),
         **rows,
         "bootstrap": bootstrap,
     }

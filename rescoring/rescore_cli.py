@@ -17,7 +17,12 @@ all (``rescoring.atomic``).
 
 With ``--server HOST:PORT`` (and ``--server-model NAME``) both take their LM scores from a running ``lm-serve``
 instead of loading models: ``rescoring.remote`` (over the lm-serve client, ``rescoring.client``) is imported only
-then, so the engine never needs gRPC, and ``rescoring`` never imports ``server`` (DESIGN.md).
+then, so the engine never needs gRPC, and ``rescoring`` never imports ``server`` (DESIGN.md). ``nbest`` takes a
+fleet, ``--server A,B,…`` with ``--concurrency C``: whole lists as ``RescoreNBest`` calls (``rescoring.fleet``).
+
+``nbest --shard K/N`` rescores the K-th of N ranges of the list and ``merge`` joins the shards' outputs and reports
+into exactly one run's (``rescoring.shards``). ``tune`` is not sharded: its search reads every utterance's features
+at once, and on dev sets it takes seconds; its LM scores come from the score cache, which a run computes once.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from pathlib import Path
 from lmserve.rescoring import overlap
 from lmserve.rescoring.atomic import atomic_write_text, check_writable
 from lmserve.rescoring.features import check_features
-from lmserve.rescoring.lmscores import check_lambda
+from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint
 from lmserve.rescoring.nbest import (
     FOLDER_FORMATS,
     FORMATS,
@@ -50,14 +55,18 @@ from lmserve.rescoring.rescore import (
     check_normalisation,
     format_report,
     references_of,
-    report,
+    report_from_stats,
     reranked,
     setup_from_record,
     setup_record,
+    utterance_stats,
 )
 from lmserve.rescoring.rescore import tune as tune_setup
+from lmserve.rescoring.shards import Shard, fingerprint, merge, renumbered, shard_record, write_report
 from lmserve.rescoring.textnorm import PRESETS
 from lmserve.rescoring.tune import METHODS, check_bounds, format_stability, parse_bounds, read_weights, write_weights
+
+OFFENDERS = 5  # the worst references the leakage check lists in a report
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -92,8 +101,37 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     nbest.add_argument("--report", type=Path, help="JSON report to write (metrics need references)")
     nbest.add_argument("--no-metrics", action="store_true", help="lists without references: only rerank")
+    nbest.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="rescore only the K-th (1-based) of N contiguous, equal ranges of the list's utterances, for a SLURM "
+        "array (--shard $SLURM_ARRAY_TASK_ID/N) or a Kubernetes indexed Job (--shard $((JOB_COMPLETION_INDEX+1))/N); "
+        "needs --report, which carries what `lm-rescore merge` needs to join the shards into one run's output",
+    )
+    nbest.add_argument(
+        "--concurrency", type=int, default=8, help="with --server: RescoreNBest calls in flight (default: %(default)s)"
+    )
+    nbest.add_argument(
+        "--deadline",
+        type=float,
+        default=120.0,
+        help="with --server: seconds a call may go unanswered, retries on other targets included, before the run "
+        "fails (default: %(default)s)",
+    )
+    nbest.add_argument(
+        "--lists-per-call", type=int, default=1, help="with --server: n-best lists per RescoreNBest call"
+    )
     _report_arguments(nbest)
     nbest.set_defaults(func=run_nbest)
+
+    merge = sub.add_parser("merge", help="join the outputs and reports of nbest --shard K/N runs into one run's")
+    merge.add_argument("reports", nargs="+", type=Path, help="every shard's --report (each names its output)")
+    merge.add_argument("--out", required=True, type=Path, help="the merged list to write")
+    merge.add_argument(
+        "--out-format", choices=sorted(FORMATS), help="default: the one --out's name says, or the shards'"
+    )
+    merge.add_argument("--report", type=Path, help="the merged JSON report to write (shards run with references)")
+    merge.set_defaults(func=run_merge)
 
     overlap = sub.add_parser("overlap", help="leakage guard: the share of references that the LM text contains")
     overlap.add_argument("--text", nargs="+", required=True, type=Path, help="LM training text, plain or .gz")
@@ -148,7 +186,12 @@ def _model_arguments(parser: argparse.ArgumentParser, from_weights: bool = False
     parser.add_argument("--lm", help=f"neural LM bundle{default}")
     parser.add_argument("--ngram", help=f"n-gram model, ARPA or KenLM binary{default}")
     parser.add_argument("--normalize", choices=sorted(PRESETS), help=f"text normalisation preset for the LMs{default}")
-    parser.add_argument("--server", metavar="HOST:PORT", help=f"score with a running lm-serve instead{default}")
+    parser.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        help=f"score with a running lm-serve instead{default}"
+        + ("; nbest: several, comma-separated (a fleet; see --concurrency)" if from_weights else ""),
+    )
     parser.add_argument("--server-model", help=f"the served model (default: the server's default){default}")
     parser.add_argument("--server-ca", type=Path, help="PEM file of the CA of a TLS server (implies TLS)")
 
@@ -168,8 +211,9 @@ def _check_saved_models(args, saved: dict, weights: Path | None) -> None:
             )
 
 
-def _language_models(args, saved: dict, weights: Path | None = None):
-    """Models loaded here, or a running lm-serve's (``--server``, or the server the weights were tuned with)."""
+def _language_models(args, saved: dict, weights: Path | None = None, setup: Setup | None = None):
+    """Models loaded here, or a running lm-serve's (``--server``, or the server the weights were tuned with): with
+    ``setup`` (``nbest``) a fleet of them, answering ``RescoreNBest`` with the LM features of whole lists."""
     local = [name for name in ("lm", "ngram", "normalize") if getattr(args, name)]
     server = args.server or (None if local else saved.get("server"))
     if server is None:
@@ -186,15 +230,23 @@ def _language_models(args, saved: dict, weights: Path | None = None):
             raise ValueError(f"{weights}: the models it names: {e}") from e
     if local:
         raise ValueError(f"--server scores with the served model's LMs and text settings: leave out --{local[0]}")
+    model = args.server_model or saved.get("model", "")
+    if setup is not None:
+        from lmserve.rescoring.fleet import Fleet, FleetLanguageModels, parse_targets
+
+        ca = None if args.server_ca is None else str(args.server_ca)
+        fleet = Fleet(parse_targets(server), model, args.concurrency, args.deadline, ca)
+        return FleetLanguageModels(fleet, setup, args.lists_per_call)
     from lmserve.rescoring.client import LMServeClient
     from lmserve.rescoring.remote import RemoteLanguageModels
 
     client = LMServeClient(server, timeout=600, ca=args.server_ca, tls=args.server_ca is not None)
-    return RemoteLanguageModels(client, args.server_model or saved.get("model", ""))
+    return RemoteLanguageModels(client, model)
 
 
-def _cache_path(args) -> Path:
-    return args.cache or args.out.with_name(f"{args.list.name.split('.')[0]}.lmscores.jsonl")
+def _cache_path(args, shard: Shard | None = None) -> Path:
+    name = args.list.name.split(".")[0] + ("" if shard is None else f".{shard.suffix}")
+    return args.cache or args.out.with_name(f"{name}.lmscores.jsonl")
 
 
 def _read_list(args) -> NBestList:
@@ -288,42 +340,101 @@ def run_nbest(args) -> int:
     record = read_weights(args.weights)  # every flag, the list and the outputs first: then the models
     saved = record.get("setup", {})
     setup = setup_from_record(record)
+    shard = Shard.parse(args.shard) if args.shard else None
+    if shard and not args.report:
+        raise ValueError("--shard: give --report too; a shard's report carries what lm-rescore merge needs")
+    if shard and args.html:
+        raise ValueError("--html: not with --shard; the HTML analysis is of a whole list (run nbest without --shard)")
     out_format = output_format(args.out, args.out_format)
     check_writable(args.out, "--out", folder=out_format in FOLDER_FORMATS)
-    check_writable(_cache_path(args), "--cache")
+    check_writable(_cache_path(args, shard), "--cache")
     for flag, path in (("--report", args.report), ("--html", args.html)):
         if path:
             check_writable(path, flag)
     _check_saved_models(args, saved, args.weights)
-    nbest = _read_list(args)
+    whole = _read_list(args)
+    nbest = shard.select(whole) if shard else whole
     if not args.no_metrics:
-        references_of(nbest, record["metric"])
-    check_features(nbest, setup.features, setup.definitions, setup.lam, _models_given(args, saved))
-    models = _language_models(args, saved, args.weights)
+        references_of(whole, record["metric"])
+    check_features(whole, setup.features, setup.definitions, setup.lam, _models_given(args, saved))
+    models = _language_models(args, saved, args.weights, setup)
     check_normalisation(getattr(models, "normalisation", None), setup, args.allow_unnormalised)
     leakage = None if args.no_metrics else _overlap_check(args, models, nbest)
-    lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
+    lm_scores = models.scores(nbest, _cache_path(args, shard), progress=not args.quiet)
     ranked, chosen = reranked(nbest, setup, lm_scores)
     write_nbest(ranked, args.out, out_format)
-    if args.no_metrics:
+    if args.no_metrics and not shard:
         print(f"{nbest.name}: {len(nbest)} lists reranked -> {args.out}")
         return 0
-    weights = {"file": str(args.weights), **record["weights"]}
-    rep = _full_report(nbest, chosen, record["metric"], models, setup, weights, leakage)
+    stats, rep = None, {"list": nbest.name, "utterances": len(nbest), "hypotheses": nbest.num_hypotheses}
+    if not args.no_metrics:
+        stats = utterance_stats(nbest, chosen, record["metric"])
+        weights = {"file": str(args.weights), **record["weights"]}
+        rep = _full_report(nbest, chosen, record["metric"], models, setup, weights, leakage, stats)
+    if shard:
+        start = shard.bounds(len(whole))[0]
+        if "overlap" in rep:  # its offenders numbered among the references of the whole list
+            rep["overlap"] = renumbered(rep["overlap"], sum(len(e.references) for e in whole.entries[:start]))
+        identity = _run_identity(args, whole, models, out_format, shard)
+        rep["shard"] = shard_record(shard, whole, identity, args.out, out_format, args.report, stats)
     if args.report:
-        atomic_write_text(args.report, json.dumps(rep, indent=2, default=float) + "\n")
+        write_report(args.report, rep)
     if args.html:
         from lmserve.rescoring.report_html import write_html
 
         write_html(args.html, rep, nbest, ranked, chosen)
-    print(format_report(rep))
+    if stats is not None:
+        print(format_report(rep))
+    if shard:
+        print(f"shard {shard}: entries {start + 1} to {start + len(nbest)} of {len(whole)} -> {args.out}")
     return 0
 
 
-def _full_report(nbest: NBestList, chosen, metric: str, models, setup: Setup, weights: dict, leakage) -> dict:
-    """``rescoring.rescore.report`` with what a reader needs beside the figures: the weights and setup, the neural
-    LM's normalisation and the leakage check."""
-    rep = report(nbest, chosen, metric)
+def _run_identity(args, whole: NBestList, models, out_format: str, shard: Shard) -> dict:
+    """What the shards of one run share, and ``merge`` compares: the input, the number of shards, the options that
+    change the output, the models (by content). Output paths, threads and the fleet's settings are left out."""
+    return {
+        "list": {"path": str(args.list), **fingerprint(args.list)},
+        "texts": texts_fingerprint(whole),
+        "utterances": len(whole),
+        "shards": shard.count,
+        "options": {
+            "format": args.format,
+            "references": [{"path": str(p), **fingerprint(p)} for p in args.references or []],
+            "weights": {"path": str(args.weights), **fingerprint(args.weights)},
+            "feature_default": args.feature_default,
+            "max_words": args.max_words,
+            "out_format": out_format,
+            "no_metrics": args.no_metrics,
+        },
+        "models": models.fingerprint,
+    }
+
+
+def run_merge(args) -> int:
+    if args.report:
+        check_writable(args.report, "--report")
+    merged = merge(args.reports, args.out, args.out_format, OFFENDERS)
+    if merged.report is None:
+        if args.report:
+            raise ValueError(f"--report {args.report}: the shards ran with --no-metrics; {args.out} is written")
+        print(f"{len(args.reports)} shards, {len(merged.nbest)} lists -> {args.out}")
+        return 0
+    if args.report:
+        write_report(args.report, merged.report)
+    print(format_report(merged.report))
+    print(f"{len(args.reports)} shards, {len(merged.nbest)} lists -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def _full_report(
+    nbest: NBestList, chosen, metric: str, models, setup: Setup, weights: dict, leakage, stats=None
+) -> dict:
+    """The report (``rescoring.rescore.report``, from ``stats`` when they were computed already) with what a reader
+    needs beside the figures: the weights and setup, the neural LM's normalisation and the leakage check."""
+    stats = utterance_stats(nbest, chosen, metric) if stats is None else stats
+    references = len(nbest.entries[0].references) if len(nbest) else 0
+    rep = report_from_stats(nbest.name, metric, stats, references)
     rep["weights"] = weights
     rep["setup"] = setup_record(models, setup)
     rep["normalisation"] = getattr(models, "normalisation", None)
@@ -352,7 +463,7 @@ def _overlap_check(args, models, nbest: NBestList) -> dict | None:
     refs, ids = _references(nbest)
     if not texts or not refs:
         return None
-    result = overlap.measure(refs, texts, ids=ids, reference_view=models.normalizer.normalize, offenders=5)
+    result = overlap.measure(refs, texts, ids=ids, reference_view=models.normalizer.normalize, offenders=OFFENDERS)
     print(f"lm-rescore: {result.summary()}", file=sys.stderr)
     warning = result.warning()
     if warning:
