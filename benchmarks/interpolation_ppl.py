@@ -25,8 +25,8 @@ def main() -> None:
     metrics, details = {}, {}
     for pair in [PTB] if args.skip_gutenberg else [PTB, GUTENBERG]:
         models = pair.models(args.threads, hypotheses=False)
-        lam = best_lambda(*token_scores(pair, pair.valid, models)[:2])
-        neural, ngram, oov = token_scores(pair, pair.test, models)
+        lam = best_lambda(*token_scores(pair.valid, models)[:2])
+        neural, ngram, oov = token_scores(pair.test, models)
         ppl = perplexities(neural, ngram, lam)
         for name, value in ppl.items():
             metrics[f"{pair.name}_{name}"] = value

@@ -4,15 +4,18 @@ k-best (5 folds, BLEU) -> rescore_joshua.json
     python -m benchmarks.rescore_cv --set wsj --threads 1
     python -m benchmarks.rescore_cv --set joshua --threads 1
 
-Both use the PTB pair (benchmarks/rescoring_models.py): hypotheses through the ``ptb`` preset, neural LM and 4-gram
-log-probabilities, their per-word interpolation with λ fixed from PTB validation perplexity, length and OOV count,
-next to the decoder's own score (fixed weight 1). Each fold's weights are tuned on the other folds only; the rescored
+Both use the PTB pair (benchmarks/rescoring_models.py) unless ``--lm``/``--ngram`` name another (for example an
+open-vocabulary model: ``--lm var/bundles/librispeech_lm_subword --ngram var/ngrams/glarge_5gram.bin --normalize
+librispeech --heldout var/gutenberg-large/valid.txt.gz``): hypotheses through the ``ptb`` preset (``--normalize``),
+neural LM and n-gram log-probabilities, their per-word interpolation with λ fixed from the validation perplexity of
+the LM's own held-out text (``--heldout``), length and OOV count, next to the decoder's own score (fixed weight 1). Each fold's weights are tuned on the other folds only; the rescored
 figure pools the held-out choices. The weights tuned on the whole set are saved next to the result.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
@@ -20,7 +23,7 @@ from benchmarks.common import DATA_DIR, RESULTS, write_result
 from benchmarks.rescoring_models import PTB, best_lambda, token_scores
 from lmserve.rescoring import metrics
 from lmserve.rescoring.nbest import read_nbest
-from lmserve.rescoring.rescore import Setup, references_of, setup_record, tune
+from lmserve.rescoring.rescore import LanguageModels, Setup, references_of, setup_record, tune
 from lmserve.rescoring.tune import write_weights
 
 SETS = {
@@ -49,11 +52,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--restarts", type=int, default=5)
     parser.add_argument("--features", default="neural,ngram,interp,length,oov", help="ours, next to the decoder's")
+    parser.add_argument("--lm", type=Path, help="neural LM bundle (default: the PTB pair's)")
+    parser.add_argument("--ngram", type=Path, help="n-gram built --like --lm")
+    parser.add_argument("--normalize", default="ptb", help="text preset of the hypotheses (default: %(default)s)")
+    parser.add_argument("--heldout", type=Path, help="the LM's held-out text that fixes λ (default: PTB valid)")
     args = parser.parse_args()
+    if args.lm and not (args.ngram and args.heldout):
+        parser.error("--lm needs --ngram and --heldout")
     spec = SETS[args.set]
     nbest = read_nbest(spec["list"], references=spec["references"])
-    lam = best_lambda(*token_scores(PTB, PTB.valid, PTB.models(args.threads, hypotheses=False))[:2])
-    models = PTB.models(args.threads)
+    if args.lm:
+        heldout_models = LanguageModels.load(args.lm, args.ngram, None, args.threads)
+        lam = best_lambda(*token_scores(args.heldout, heldout_models)[:2])
+        models = LanguageModels.load(args.lm, args.ngram, args.normalize, args.threads)
+    else:
+        lam = best_lambda(*token_scores(PTB.valid, PTB.models(args.threads, hypotheses=False))[:2])
+        models = PTB.models(args.threads)
     cache = RESULTS.parent.parent / "var" / "cache" / f"{args.set}.lmscores.jsonl"
     lm_scores = models.scores(nbest, cache, progress=True)
     setup = Setup.parse(f"{spec['base']},{args.features}")

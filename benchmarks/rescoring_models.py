@@ -81,15 +81,20 @@ GUTENBERG = Pair(
 )
 
 
-def token_scores(pair: Pair, path: Path, models: LanguageModels) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per-token natural-log scores of a held-out text under both models, on the same tokens; and the OOV count."""
+def token_scores(path: Path, models: LanguageModels) -> tuple[np.ndarray, np.ndarray, int]:
+    """``sentence_token_scores`` of a held-out text file, in its own form (no normalisation unless ``models`` has)."""
+    return sentence_token_scores([" ".join(words) for words in read_sentences(path)], models)
+
+
+def sentence_token_scores(sentences: list[str], models: LanguageModels) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-token natural-log scores of sentences under both models, on the same tokens; and the OOV count. The
+    n-gram sees the words the neural LM knows (for a subword LM: every word) and ``<unk>`` for the others."""
     scorer: Scorer = models.scorer
     ngram: NgramLM = models.ngram
-    sentences = [" ".join(words) for words in read_sentences(path)]
     neural, counts, oov = [], [], 0
     for s in scorer.score(sentences):
         neural.append(s.token_logprobs.astype(np.float64))
-        counts.append(ngram.token_logprobs([w if w in scorer.index else "<unk>" for w in s.words]))
+        counts.append(ngram.token_logprobs([w if w in scorer.known_words else "<unk>" for w in s.words]))
         oov += s.oov
     return np.concatenate(neural), np.concatenate(counts), oov
 
