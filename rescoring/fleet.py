@@ -77,10 +77,12 @@ class _Target:
     last_error: str = "not tried"
 
     def unavailable(self, error: grpc.RpcError, now: float) -> None:
+        self.last_error = _status(error)
+        if self.state == "new" and self.ready_at > now:  # put aside already, by another call of this outage
+            return
         self.state = "new"
         self.failures += 1
         self.ready_at = now + min(BACKOFF[0] * 2 ** (self.failures - 1), BACKOFF[1])
-        self.last_error = _status(error)
 
 
 def _status(error: grpc.RpcError) -> str:
@@ -146,7 +148,7 @@ class Fleet:
         """Every request's result, in order (module docstring: dispatch, retries, deadline)."""
         results: list[pb.Rescored | None] = [None] * len(requests)
         pending = deque(range(len(requests)))
-        first_try: dict[int, float] = {}  # request -> when it was first sent (or found no target serving)
+        first_try: dict[int, float] = {}  # unanswered request -> when it was first sent (or found none serving)
         left = len(requests)
         start = time.monotonic()
         try:
@@ -162,10 +164,9 @@ class Fleet:
                         i = pending.popleft()
                         first_try.setdefault(i, now)
                         self._send(target, i, requests[i], first_try[i] + self.deadline - now)
-                    waiting = [first_try[i] for i in first_try if results[i] is None]
-                    due = min(waiting) + self.deadline if waiting else start + self.deadline
+                    due = min(first_try.values(), default=start) + self.deadline
                     if now >= due:
-                        raise self._timed_out(requests, [i for i in first_try if results[i] is None])
+                        raise self._timed_out(requests, list(first_try))
                     wake = min([due, *(t.ready_at for t in self.targets if t.ready_at > now)]) - now
                     try:
                         generation, kind, target, i, future = self.events.get(timeout=max(wake, 0.001))
@@ -181,6 +182,7 @@ class Fleet:
                     error = future.exception()
                     if error is None:
                         results[i] = future.result().result
+                        del first_try[i]
                         target.failures = 0
                         left -= 1
                         bar.update(1)

@@ -1,0 +1,119 @@
+"""``lm-rescore nbest --server`` through local lm-serve replicas against the offline run, on LibriSpeech dev_other
+-> remote_rescoring.json
+
+    python -m benchmarks.remote_rescoring [--rounds 3] [--limit N]
+
+The demo pair that ``make demo`` builds (var/bundles/demo, var/ngrams/demo_3gram.bin) and its dev_clean weights
+(var/rescore/demo.weights.json: ``score``, ``interp`` at λ 0.5 with PTB text normalisation, ``length``). Each case is
+one whole ``lm-rescore nbest`` process, timed from its start to its exit: reading the list, the LM features, the
+reranking, writing the list and the report. Offline, it loads the models itself (ONNX Runtime on every core,
+``--threads 0``) and writes its score cache, as it always does; through the fleet it keeps ``--concurrency`` calls of
+``--lists-per-call`` lists in flight over 1 or 2 replicas and writes no cache (the servers send sums, not token
+scores). ``--no-overlap-check`` everywhere: a run through servers has no bundle whose training text it could check.
+
+The replicas (``lm-serve serve`` processes on free loopback ports, started once for all rounds) run ``workers``
+scorer calls at once, of 1 ONNX Runtime thread each, with micro-batching on; the machine has 2 cores for the
+replicas and the client together. The cases take turns round after round; figures are medians over the rounds.
+Every run's list must be the offline one byte for byte (``identical_all``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import DATA_DIR, ROOT, write_result
+from lmserve.rescoring.nbest import NBestList, read_nbest, write_nbest
+from lmserve.server.process import ServerProcess
+
+BUNDLE = ROOT / "var" / "bundles" / "demo"
+NGRAM = ROOT / "var" / "ngrams" / "demo_3gram.bin"
+WEIGHTS = ROOT / "var" / "rescore" / "demo.weights.json"
+
+
+def server_config(folder: Path, workers: int, engine: str) -> Path:
+    config = folder / "serve.toml"
+    config.write_text(
+        f'[server]\nworkers = {workers}\nengine = "{engine}"\nscorer_threads = 1\n\n'
+        "[batching]\nenabled = true\n\n"
+        f'[models.demo]\nbundle = "{BUNDLE}"\nngram = "{NGRAM}"\nnormalize = "ptb"\nlambda = 0.5\n'
+    )
+    return config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--list", type=Path, default=DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz")
+    parser.add_argument("--limit", type=int, help="only the first N utterances (a smoke test)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--lists-per-call", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="scorer calls at once per replica")
+    parser.add_argument("--engine", choices=("threads", "processes"), default="threads")
+    parser.add_argument("--name", default="remote_rescoring")
+    args = parser.parse_args()
+    if not WEIGHTS.exists():
+        sys.exit(f"{WEIGHTS}: missing; run `make demo` first (it builds the demo bundle, 3-gram and weights)")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        source = args.list
+        if args.limit:
+            source = tmp / "list.jsonl"
+            write_nbest(NBestList(read_nbest(args.list).entries[: args.limit]), source, "jsonl")
+        hypotheses = read_nbest(source).num_hypotheses
+        config = server_config(tmp, args.workers, args.engine)
+        with ServerProcess(config, tmp / "a.log") as a, ServerProcess(config, tmp / "b.log") as b:
+            one, two = f"127.0.0.1:{a.port}", f"127.0.0.1:{a.port},127.0.0.1:{b.port}"
+            cases = {"offline": ["--threads", "0"]}
+            for replicas, target in (("", one), ("_two_replicas", two)):
+                for c in levels:
+                    flags = ["--server", target, "--concurrency", str(c), "--lists-per-call", str(args.lists_per_call)]
+                    cases[f"c{c}{replicas}"] = flags
+            seconds: dict[str, list[float]] = {name: [] for name in cases}
+            identical = True
+            for round_ in range(args.rounds):
+                reference = None
+                for name, flags in cases.items():
+                    folder = tmp / f"{name}-{round_}"  # fresh: no score cache from an earlier run
+                    folder.mkdir()
+                    command = [sys.executable, "-m", "lmserve.rescoring.cli", "nbest", str(source)]
+                    command += ["--weights", str(WEIGHTS), "--out", str(folder / "out.jsonl"), "--quiet"]
+                    command += ["--report", str(folder / "report.json"), "--no-overlap-check", *flags]
+                    start = time.perf_counter()
+                    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+                    seconds[name].append(time.perf_counter() - start)
+                    out = (folder / "out.jsonl").read_bytes()
+                    reference = reference or out
+                    identical &= out == reference
+                    print(f"round {round_ + 1}: {name}: {seconds[name][-1]:.2f} s", file=sys.stderr)
+    median = {name: statistics.median(values) for name, values in seconds.items()}
+    metrics = {f"{name}_hyp_per_s": hypotheses / s for name, s in median.items()}
+    best = max(levels)
+    metrics[f"c{best}_two_replicas_vs_offline"] = median["offline"] / median[f"c{best}_two_replicas"]
+    metrics["identical_all"] = int(identical)
+    metrics["hypotheses"] = hypotheses
+    metrics["seconds"] = seconds
+    print(json.dumps(metrics, indent=2))
+    write_result(
+        args.name,
+        metrics,
+        list=str(args.list),
+        limit=args.limit,
+        rounds=args.rounds,
+        lists_per_call=args.lists_per_call,
+        server={"workers": args.workers, "engine": args.engine, "scorer_threads": 1, "batching": True},
+        bundle="var/bundles/demo",
+        ngram="var/ngrams/demo_3gram.bin",
+        weights="var/rescore/demo.weights.json",
+    )
+
+
+if __name__ == "__main__":
+    main()
