@@ -5,6 +5,7 @@ per-word scores against PyTorch's pieces summed per word (1e-4), n-best prefix s
 multi-piece candidate words, per-word interpolation with a word n-gram, and serving."""
 
 import json
+import shutil
 
 import grpc
 import numpy as np
@@ -18,7 +19,7 @@ from lmserve.rescoring.interpolated import InterpolatedLM
 from lmserve.rescoring.ngram import NgramLM, build_ngram
 from lmserve.rescoring.scorer import EOS, Scorer
 from lmserve.server.process import ServerProcess
-from lmserve.training.checkpoint import load_model_for_eval
+from lmserve.training.checkpoint import load_model_for_eval, resolve_checkpoint
 from lmserve.training.cli import main
 from lmserve.training.export import SentencesGraph
 from lmserve.training.prepared import PreparedDataError, PreparedDataset, VocabSettings, prepare
@@ -124,6 +125,22 @@ def test_export_ships_the_model_and_reports_perplexity_per_word(run, capsys):
     assert main(["eval", "--checkpoint", str(run_dir), "--file", str(root / "valid.txt"), "--mode", "sentence"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["ppl_per_word"] == pytest.approx(held["ppl_per_word"], rel=1e-5)
+
+
+def test_a_checkpoint_copied_out_of_its_run_carries_its_sentencepiece_model(run, tmp_path, capsys):
+    """Out of its run, nothing leads to the prepared dataset (RUN/data) the pieces were learnt into."""
+    root, run_dir, path = run
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(resolve_checkpoint(run_dir), ckpt)
+    valid = str(root / "valid.txt")
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "bundle"), "--heldout", valid]) == 0
+    assert (tmp_path / "bundle" / "subword.model").read_bytes() == (path / "subword.model").read_bytes()
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(ckpt), "--file", valid, "--mode", "sentence"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ppl_per_word"] > 1
+    (ckpt / "subword.model").unlink()
+    assert main(["eval", "--checkpoint", str(ckpt), "--file", valid, "--mode", "sentence"]) == 2
+    assert "without its sentencepiece model subword.model" in capsys.readouterr().err
 
 
 def test_bundle_validation_names_the_subword_fields(run, tmp_path):

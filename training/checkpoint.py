@@ -23,6 +23,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from lmserve.training.atomic import atomic_directory, atomic_write_text
 from lmserve.training.config import Config, config_from_dict
 from lmserve.training.model import LSTMLM
+from lmserve.training.subword import MODEL_FILE as SUBWORD_MODEL_FILE
 from lmserve.training.vocab import Vocabulary
 
 
@@ -66,8 +67,10 @@ def save_checkpoint(
     vocab: Vocabulary,
     state: dict,
     carried: tuple[torch.Tensor, torch.Tensor] | None = None,
+    subword_model: Path | None = None,
 ) -> Path:
-    """Write the checkpoint, then point ``latest`` at it."""
+    """Write the checkpoint, then point ``latest`` at it. A subword run's sentencepiece model goes in with it: the
+    piece ids mean nothing without it."""
     ckpt_root = run_dir / "checkpoints"
     path = ckpt_root / name
     optimizer_plain, tensors = _split_optimizer_state(optimizer.state_dict())
@@ -81,6 +84,8 @@ def save_checkpoint(
         vocab.save(tmp / "vocab.tsv")
         save_weights(model, tmp / "model.safetensors")
         save_file(tensors, str(tmp / "trainer.safetensors"))
+        if subword_model is not None:
+            shutil.copyfile(subword_model, tmp / SUBWORD_MODEL_FILE)
         (tmp / "state.json").write_text(json.dumps({**state, "optimizer": optimizer_plain}, indent=2) + "\n")
     atomic_write_text(ckpt_root / "latest", name + "\n")
     return path

@@ -35,7 +35,7 @@ def _eval(args) -> int:
     from lmserve.training.checkpoint import load_model_for_eval, resolve_checkpoint
     from lmserve.training.evaluate import evaluate
     from lmserve.training.prepared import open_corpus
-    from lmserve.training.subword import per_word, run_subword_model
+    from lmserve.training.subword import checkpoint_subword_model, per_word
     from lmserve.training.trainer import describe, make_batcher
 
     cfg, vocab, model = load_model_for_eval(args.checkpoint)
@@ -45,7 +45,7 @@ def _eval(args) -> int:
         cfg.train.eval_batch_size = args.batch_size
     if args.threads:
         torch.set_num_threads(args.threads)
-    subword = run_subword_model(cfg, resolve_checkpoint(args.checkpoint).parents[1])
+    subword = checkpoint_subword_model(cfg, resolve_checkpoint(args.checkpoint))
     corpus = open_corpus(args.file, "test", vocab, cfg.data.lowercase, subword)
     result = evaluate(model, make_batcher(cfg, corpus, vocab, training=False), vocab.unk_id)
     print(f"{args.file} ({cfg.data.mode} mode): {describe(result, corpus.oov_rate)}", file=sys.stderr)

@@ -45,7 +45,7 @@ from lmserve.training.evaluate import evaluate
 from lmserve.training.heads.base import per_candidate
 from lmserve.training.model import LSTMLM
 from lmserve.training.prepared import open_corpus
-from lmserve.training.subword import MODEL_FILE, per_word, run_subword_model
+from lmserve.training.subword import MODEL_FILE, checkpoint_subword_model, per_word
 
 OPSET = 17
 # Exact fp32 graphs must reproduce PyTorch to this per-token tolerance, or export fails.
@@ -214,7 +214,7 @@ def export_bundle(
     model.head = model.head.frozen()
     self_normalised = objectives.self_normalised(cfg)  # decided by head and objective together
     heldout = heldout or expand_data_path(cfg.data.valid)
-    subword = run_subword_model(cfg, ckpt.parents[1])
+    subword = checkpoint_subword_model(cfg, ckpt)
     corpus = open_corpus(heldout, "valid", vocab, cfg.data.lowercase, subword)
     batches = SentenceBatches(corpus, vocab.bos_id, vocab.eos_id, cfg.train.eval_batch_size, shuffle=False)
     exact = evaluate(model, batches, vocab.unk_id)

@@ -115,6 +115,17 @@ def per_word(result, corpus) -> dict:
     return {"words": words, "ppl_per_word": math.exp(math.log(result.ppl) * result.tokens / words)}
 
 
+def checkpoint_subword_model(cfg, ckpt: Path) -> Path | None:
+    """The sentencepiece model a subword checkpoint carries (``MODEL_FILE`` beside its weights), so that a checkpoint
+    copied out of its run still evaluates and exports; None for a word vocabulary."""
+    if cfg.vocab.type != "subword":
+        return None
+    model = Path(ckpt) / MODEL_FILE
+    if not model.is_file():
+        raise VocabError(f"{ckpt}: a subword checkpoint without its sentencepiece model {MODEL_FILE}")
+    return model
+
+
 def run_subword_model(cfg, run_dir: Path) -> Path | None:
     """The sentencepiece model of a subword run (a checkpoint's run is ``ckpt.parents[1]``): the one in the run's
     prepared training dataset (``data.train``, or ``RUN/data`` made from text files); None for a word vocabulary."""

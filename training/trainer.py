@@ -623,6 +623,7 @@ class Trainer:
             vocab=self.vocab,
             state={**st, "scheduler": self.scheduler.state_dict()},
             carried=carried,
+            subword_model=run_subword_model(self.cfg, self.run_dir),
         )
 
     def _finish(self) -> dict:
