@@ -8,12 +8,14 @@ the bundle's words, every other word as ``<unk>`` (its probability counts, as in
 with an open-vocabulary LM: the OOV rate is reported beside), and ``</s>`` after each sentence. For a subword bundle
 a word's log-probability is the sum of its pieces', the perplexity is per word and nothing is out of vocabulary. The
 per-word interpolation weight λ of the neural LM is the one with the lowest perplexity on the ``--tune`` references
-and is applied unchanged to the ``--report`` references.
+and is applied unchanged to the ``--report`` references. ``--run`` adds the LM's training figures from its run's
+results.json (tokens seen, training seconds summed over resumed segments, its own valid/test perplexity).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from benchmarks.common import DATA_DIR, write_result
@@ -30,6 +32,7 @@ def main() -> None:
     parser.add_argument("--ngram", type=Path, required=True, help="n-gram built --like the bundle")
     parser.add_argument("--tune", type=Path, default=LISTS / "dev_clean.tar.gz", help="λ is chosen on its references")
     parser.add_argument("--report", type=Path, default=LISTS / "dev_other.tar.gz")
+    parser.add_argument("--run", type=Path, help="the LM's training run: its figures go in too")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--name", default="librispeech_lm_ppl")
     args = parser.parse_args()
@@ -49,6 +52,12 @@ def main() -> None:
             f"{key}_oov_rate": oov / (len(neural) - sentences),
         }
         details[key] = {"sentences": sentences, "tokens": len(neural), "oov": oov}
+    if args.run:
+        run = json.loads((args.run / "results.json").read_text())
+        metrics |= {
+            f"train_{key}": run[key] for key in ("tokens_seen", "train_seconds", "wall_seconds", "tokens_per_s")
+        }
+        metrics |= {"train_valid_ppl": run["valid"]["ppl"], "train_test_ppl": run["test"]["ppl"]}
     print("\n".join(f"{k}: {v:.4g}" for k, v in metrics.items()))
     write_result(
         args.name,
@@ -56,6 +65,7 @@ def main() -> None:
         details=details,
         lm=str(args.lm),
         ngram=str(args.ngram),
+        run=args.run and str(args.run),
         lists={"tune": str(args.tune), "report": str(args.report)},
         targets={"dev_other_ref_ppl": "<= 120 (issue 19; 204 before)"},
     )
