@@ -8,6 +8,9 @@
 # mmdebstrap and runc with apt when they are missing. Where a registry is reachable, debian:bookworm-slim with python3
 # and python3-venv added is the same base.
 set -eu
+# Debian's own tools only: mmdebstrap runs mmtarfilter (#!/usr/bin/env python3) once per package, and a python3 shim
+# earlier on PATH (pyenv's, here) made each of those calls cost seconds
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 image=${1:-localhost/lmserve-base:bookworm}
 mirror=${MIRROR:-http://deb.debian.org/debian}
 security=${SECURITY_MIRROR:-http://deb.debian.org/debian-security}
