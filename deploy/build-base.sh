@@ -9,7 +9,7 @@
 # and python3-venv added is the same base.
 set -eu
 # Debian's own tools only: mmdebstrap runs mmtarfilter (#!/usr/bin/env python3) once per package, and a python3 shim
-# earlier on PATH (pyenv's, here) made each of those calls cost seconds
+# earlier on PATH (pyenv's, here) adds a bash and a pyenv start to each of those calls
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 image=${1:-localhost/lmserve-base:bookworm}
 mirror=${MIRROR:-http://deb.debian.org/debian}
