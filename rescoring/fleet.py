@@ -114,6 +114,7 @@ class Fleet:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.initial_reconnect_backoff_ms", 100),  # a restarted replica is found again within a second or two
             ("grpc.max_reconnect_backoff_ms", 2000),
+            ("grpc.lb_policy_name", "round_robin"),  # a target that resolves to several (dns:///a headless Service)
         ]
         self.targets = []
         for address in self.addresses:

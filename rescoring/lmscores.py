@@ -266,16 +266,22 @@ def load_or_compute(
     return scores
 
 
-def write_cache(path: Path, key: dict, nbest: NBestList, scores: list[list[HypothesisScores]]) -> None:
+def write_cache(
+    path: Path, key: dict, nbest: NBestList, scores: list[list[HypothesisScores]], shard: dict | None = None
+) -> None:
+    """``shard``: where these lists lie in a whole list and the whole list's key (``tune --shard``), for
+    ``lm-rescore merge --caches`` to write the whole list's cache (``rescoring.shards``)."""
+
     def array(x: np.ndarray | None) -> list[float] | None:
         return None if x is None else x.tolist()  # every digit: a cached run writes what a fresh one does
 
     def lines() -> Iterable[str]:
-        yield json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "key": key})
+        yield json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "key": key, **header_extra})
         for entry, row in zip(nbest, scores, strict=True):
             hyps = [{"neural": array(h.neural), "ngram": array(h.ngram), "oov": h.oov} for h in row]
             yield json.dumps({"id": entry.id, "hypotheses": hyps})
 
+    header_extra = {} if shard is None else {"shard": shard}
     atomic_write_lines(path, lines())
 
 

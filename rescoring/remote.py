@@ -51,14 +51,16 @@ class RemoteLanguageModels:
         }
 
     def scores(self, nbest: NBestList, cache=None, progress: bool = False) -> list[list[HypothesisScores]]:
-        key = {
+        return load_or_compute(cache, self.cache_key(nbest), nbest, lambda: self._compute(nbest, progress))
+
+    def cache_key(self, nbest: NBestList) -> dict:
+        return {
             "texts": texts_fingerprint(nbest),
             "server_model": self.model,
             "neural": self.info.fingerprint,  # the bundle's files, as the server loaded them
             "ngram": self.info.ngram or None,
             "normalizer": self.info.normalisation_settings_json,
         }
-        return load_or_compute(cache, key, nbest, lambda: self._compute(nbest, progress))
 
     def _compute(self, nbest: NBestList, progress: bool) -> list[list[HypothesisScores]]:
         texts = [h.text for entry in nbest for h in entry.hypotheses]

@@ -79,10 +79,15 @@ class LanguageModels:
         place (``rescoring.remote.RemoteLanguageModels``: ``available``, ``scores`` and ``paths`` alike)."""
         if not self.available:
             return None
-        key = cache_key(nbest, self.scorer, self.ngram, self.normalizer)
         return load_or_compute(
-            cache, key, nbest, lambda: compute(nbest, self.scorer, self.ngram, self.normalizer, progress=progress)
+            cache,
+            self.cache_key(nbest),
+            nbest,
+            lambda: compute(nbest, self.scorer, self.ngram, self.normalizer, progress=progress),
         )
+
+    def cache_key(self, nbest: NBestList) -> dict[str, str | None]:
+        return cache_key(nbest, self.scorer, self.ngram, self.normalizer)
 
 
 @dataclass

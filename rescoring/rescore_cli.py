@@ -21,8 +21,9 @@ then, so the engine never needs gRPC, and ``rescoring`` never imports ``server``
 fleet, ``--server A,B,…`` with ``--concurrency C``: whole lists as ``RescoreNBest`` calls (``rescoring.fleet``).
 
 ``nbest --shard K/N`` rescores the K-th of N ranges of the list and ``merge`` joins the shards' outputs and reports
-into exactly one run's (``rescoring.shards``). ``tune`` is not sharded: its search reads every utterance's features
-at once, and on dev sets it takes seconds; its LM scores come from the score cache, which a run computes once.
+into exactly one run's; ``tune --shard K/N`` computes the LM scores of one range into a score cache, ``merge
+--caches`` joins them into the whole list's, and ``tune --cache`` tunes on that without running a model (the search
+itself reads every utterance at once; it takes seconds): ``rescoring.shards``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 from lmserve.rescoring import overlap
 from lmserve.rescoring.atomic import atomic_write_text, check_writable
 from lmserve.rescoring.features import check_features
-from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint
+from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint, write_cache
 from lmserve.rescoring.nbest import (
     FOLDER_FORMATS,
     FORMATS,
@@ -62,7 +63,16 @@ from lmserve.rescoring.rescore import (
     utterance_stats,
 )
 from lmserve.rescoring.rescore import tune as tune_setup
-from lmserve.rescoring.shards import Shard, fingerprint, merge, renumbered, shard_record, write_report
+from lmserve.rescoring.shards import (
+    Shard,
+    cache_shard,
+    fingerprint,
+    merge,
+    merge_caches,
+    renumbered,
+    shard_record,
+    write_report,
+)
 from lmserve.rescoring.textnorm import PRESETS
 from lmserve.rescoring.tune import METHODS, check_bounds, format_stability, parse_bounds, read_weights, write_weights
 
@@ -88,6 +98,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--bounds", default="", metavar="NAME=LOW:HIGH,...", help="weight limits, e.g. interp=0:")
     tune.add_argument("--penalty", type=float, default=0.0, help="α of α·Σu² on the rescaled weights (metric units)")
     tune.add_argument("--out", required=True, type=Path, help="weights file (JSON) to write")
+    tune.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="only compute the LM scores of the K-th of N ranges of the list into its score cache (--cache, default "
+        "LIST.shard-K-of-N.lmscores.jsonl beside --out) and stop; `lm-rescore merge --caches` joins the N caches into "
+        "the whole list's, which tune --cache then reads (the search is not sharded: it needs every utterance)",
+    )
     _report_arguments(tune)
     tune.set_defaults(func=run_tune)
 
@@ -124,13 +141,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _report_arguments(nbest)
     nbest.set_defaults(func=run_nbest)
 
-    merge = sub.add_parser("merge", help="join the outputs and reports of nbest --shard K/N runs into one run's")
-    merge.add_argument("reports", nargs="+", type=Path, help="every shard's --report (each names its output)")
-    merge.add_argument("--out", required=True, type=Path, help="the merged list to write")
+    merge = sub.add_parser(
+        "merge", help="join the outputs and reports of nbest --shard K/N runs (or tune --shard caches) into one run's"
+    )
+    merge.add_argument("reports", nargs="*", type=Path, help="every shard's nbest --report (each names its output)")
+    merge.add_argument("--out", type=Path, help="the merged list to write")
     merge.add_argument(
         "--out-format", choices=sorted(FORMATS), help="default: the one --out's name says, or the shards'"
     )
     merge.add_argument("--report", type=Path, help="the merged JSON report to write (shards run with references)")
+    merge.add_argument("--caches", nargs="+", type=Path, help="instead: every tune --shard run's score cache")
+    merge.add_argument("--cache", type=Path, help="with --caches: the whole list's score cache to write")
     merge.set_defaults(func=run_merge)
 
     overlap = sub.add_parser("overlap", help="leakage guard: the share of references that the LM text contains")
@@ -281,8 +302,11 @@ def run_tune(args) -> int:
         raise ValueError(f"--penalty {args.penalty}: expected a number >= 0")
     if args.require_folds and not 0 < args.require_folds <= args.cv:
         raise ValueError(f"--require-folds {args.require_folds}: expected 1 to --cv ({args.cv})")
+    shard = Shard.parse(args.shard) if args.shard else None
+    if shard and (args.cv or args.html):
+        raise ValueError(f"--shard: only computes LM scores; leave out {'--cv' if args.cv else '--html'}")
     check_writable(args.out, "--out")
-    check_writable(_cache_path(args), "--cache")
+    check_writable(_cache_path(args, shard), "--cache")
     if args.html:
         check_writable(args.html, "--html")
     nbest = _read_list(args)
@@ -292,6 +316,8 @@ def run_tune(args) -> int:
     check_features(nbest, setup.features, setup.definitions, lambdas[0], _models_given(args, {}))
     models = _language_models(args, {})
     check_normalisation(getattr(models, "normalisation", None), setup, args.allow_unnormalised)
+    if shard:
+        return _score_shard(args, models, nbest, shard)
     leakage = _overlap_check(args, models, nbest)
     lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
     tuned = tune_setup(
@@ -333,6 +359,17 @@ def run_tune(args) -> int:
         print(f"fewer than {args.require_folds} folds gained: the first pass alone is kept ({r.fixed} = 1)")
     print("weights: " + ", ".join(f"{k}={v:.4g}" for k, v in r.weights.items()) + f"  -> {args.out}")
     print(f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)
+    return 0
+
+
+def _score_shard(args, models, whole: NBestList, shard: Shard) -> int:
+    """``tune --shard``: the LM scores of one range of the list, cached with where they lie in the whole list."""
+    part = shard.select(whole)
+    cache = _cache_path(args, shard)
+    scores = models.scores(part, None, progress=not args.quiet)
+    write_cache(cache, models.cache_key(part), part, scores, cache_shard(shard, whole, models.cache_key(whole)))
+    start = shard.bounds(len(whole))[0]
+    print(f"shard {shard}: LM scores of entries {start + 1} to {start + len(part)} of {len(whole)} -> {cache}")
     return 0
 
 
@@ -412,6 +449,15 @@ def _run_identity(args, whole: NBestList, models, out_format: str, shard: Shard)
 
 
 def run_merge(args) -> int:
+    if args.caches:
+        if args.reports or args.out or args.report or not args.cache:
+            raise ValueError("merge --caches CACHE... --cache OUT joins tune --shard caches; give nothing else")
+        check_writable(args.cache, "--cache")
+        entries = merge_caches(args.caches, args.cache)
+        print(f"{len(args.caches)} shards, {entries} lists -> {args.cache}; tune with --cache {args.cache}")
+        return 0
+    if not args.reports or not args.out:
+        raise ValueError("merge REPORT... --out OUT [--report REPORT]: give every shard's report and --out")
     if args.report:
         check_writable(args.report, "--report")
     merged = merge(args.reports, args.out, args.out_format, OFFENDERS)

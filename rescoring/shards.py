@@ -16,6 +16,11 @@ from summed error and word counts, the bootstrap over every utterance, never an 
 leakage check's counts add up too, and its worst offenders are the worst of the shards' (each shard keeps its own
 worst, numbered in the whole list).
 
+``tune --shard K/N`` computes the LM scores of shard K only, into a score cache whose header also says where the
+shard lies and carries the whole list's cache key; ``merge --caches`` joins the N caches into the cache of the whole
+list, byte for byte the one an unsharded run writes, and ``tune --cache`` then tunes on it without running a model.
+The search itself is not sharded: it reads every utterance's features at once, and takes seconds.
+
 ``merge`` refuses a missing or duplicated shard, shards of different runs (naming the first field of the identity
 that differs), and an output that is not the one the shard wrote (its size or sha256 differ: truncated, or written
 over since). A shard's LM scores are the scores the whole run computes: the neural LM scores a list the same
@@ -34,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.rescoring.atomic import atomic_write_lines, atomic_write_text
+from lmserve.rescoring.lmscores import FORMAT, FORMAT_VERSION
 from lmserve.rescoring.nbest import SUFFIX_FORMATS, NBestList, output_format, read_nbest, write_nbest
 from lmserve.rescoring.overlap import Offender, Overlap
 from lmserve.rescoring.rescore import report_from_stats
@@ -106,6 +112,7 @@ def shard_record(
         "count": shard.count,
         "start": start,
         "stop": stop,
+        "utterances": len(whole),
         "references": len(whole.entries[0].references),
         "identity": identity,
         "output": {
@@ -169,6 +176,49 @@ def merge(reports: list[Path], out: Path, out_format: str | None = None, offende
     return Merged(NBestList(entries), merged)
 
 
+def cache_shard(shard: Shard, whole: NBestList, key: dict) -> dict:
+    """The ``shard`` field of a ``tune --shard`` score cache's header (``key``: the whole list's cache key)."""
+    start, stop = shard.bounds(len(whole))
+    return {
+        "index": shard.index,
+        "count": shard.count,
+        "start": start,
+        "stop": stop,
+        "utterances": len(whole),
+        "key": key,
+    }
+
+
+def merge_caches(caches: list[Path], out: Path) -> int:
+    """Join the score caches of ``tune --shard`` runs into the whole list's cache at ``out``; its entries."""
+    headers = []
+    for path in caches:
+        with Path(path).open(encoding="utf-8") as f:
+            try:
+                header = json.loads(f.readline())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:1: not a score cache header ({e.msg})") from None
+        if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}:1: expected a {FORMAT} v{FORMAT_VERSION} header")
+        if not isinstance(header.get("shard"), dict):
+            raise ValueError(f"{path}:1: no field 'shard': not the score cache of tune --shard K/N")
+        headers.append((Path(path), {"shard": header["shard"]}))
+    ordered = _checked_shards(headers, "shard.key")
+    lines = []
+    for path, header in ordered:
+        shard = header["shard"]
+        rows = Path(path).read_text(encoding="utf-8").splitlines()[1:]
+        if len(rows) != shard["stop"] - shard["start"]:
+            raise ValueError(
+                f"{path}: {len(rows)} entries; shard {shard['index']}/{shard['count']} scored "
+                f"{shard['stop'] - shard['start']}: truncated; run that shard again"
+            )
+        lines += rows
+    key = ordered[0][1]["shard"]["key"]
+    atomic_write_lines(out, [json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "key": key}), *lines])
+    return len(lines)
+
+
 def write_report(path: Path, report: dict) -> None:
     atomic_write_text(path, json.dumps(report, indent=2, default=float) + "\n")
 
@@ -186,16 +236,35 @@ def _read_shards(reports: list[Path]) -> list[tuple[Path, dict]]:
                 f"{path}: no field 'shard': not the report of a shard (lm-rescore nbest --shard K/N --report ...)"
             )
         shards.append((Path(path), rep))
+    shards = _checked_shards(shards, "shard.identity")
+    for path, rep in shards:
+        record = rep["shard"]
+        stats = record["stats"]
+        if stats is not None and len(stats) != record["stop"] - record["start"]:
+            raise ValueError(f"{path}: field 'shard.stats': {len(stats)} rows for {record['stop'] - record['start']}")
+    return shards
+
+
+def _checked_shards(shards: list[tuple[Path, dict]], identity: str) -> list[tuple[Path, dict]]:
+    """``shards`` (each a file and its record, with the field ``shard``) in shard order, when they are every
+    shard of one run once: the same ``identity`` field (a dotted path) and ranges that tile the list."""
+
+    def field(record: dict):
+        for name in identity.split("."):
+            record = record[name]
+        return record
+
     first_path, first = shards[0]
     count = first["shard"]["count"]
     seen: dict[int, Path] = {}
     for path, rep in shards:
         record = rep["shard"]
-        difference = _first_difference(first["shard"]["identity"], record["identity"], "shard.identity")
-        if difference:
+        difference = _first_difference(field(first), field(rep), identity)
+        if difference or record["count"] != count:
             raise ValueError(
-                f"{path}: field '{difference}' differs from {first_path}'s: shards of different runs (every shard "
-                "must run the same command on the same input, models and options but --shard and its outputs)"
+                f"{path}: field '{difference or 'shard.count'}' differs from {first_path}'s: shards of different "
+                "runs (every shard must run the same command on the same input, models and options but --shard and "
+                "its outputs)"
             )
         if record["index"] in seen:
             raise ValueError(f"shard {record['index']}/{count} given twice: {seen[record['index']]} and {path}")
@@ -206,15 +275,15 @@ def _read_shards(reports: list[Path]) -> list[tuple[Path, dict]]:
             f"shard{'s' if len(missing) > 1 else ''} {', '.join(f'{k}/{count}' for k in missing)} missing "
             f"(given: {', '.join(f'{k}/{count}' for k in sorted(seen))})"
         )
-    shards.sort(key=lambda s: s[1]["shard"]["index"])
-    n = first["shard"]["identity"]["utterances"]
+    shards = sorted(shards, key=lambda s: s[1]["shard"]["index"])
+    stop = 0
     for path, rep in shards:
         record = rep["shard"]
-        if (record["start"], record["stop"]) != Shard(record["index"], count).bounds(n):
-            raise ValueError(f"{path}: field 'shard.start'/'shard.stop': not shard {record['index']}/{count}'s range")
-        stats = record["stats"]
-        if stats is not None and len(stats) != record["stop"] - record["start"]:
-            raise ValueError(f"{path}: field 'shard.stats': {len(stats)} rows for {record['stop'] - record['start']}")
+        if record["start"] != stop or record["stop"] < record["start"]:
+            raise ValueError(f"{path}: fields 'shard.start'/'shard.stop': not shard {record['index']}/{count}'s range")
+        stop = record["stop"]
+    if stop != first["shard"]["utterances"]:
+        raise ValueError(f"{shards[-1][0]}: field 'shard.stop': {stop}; the list has {first['shard']['utterances']}")
     return shards
 
 

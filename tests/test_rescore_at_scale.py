@@ -149,6 +149,35 @@ def test_merge_refuses_what_is_not_one_runs_shards(job, tmp_path, capsys):
     assert "--shard: give --report too" in capsys.readouterr().err
 
 
+def test_tune_shards_score_into_the_cache_of_one_run(job, tmp_path, capsys):
+    """``tune --shard K/N`` scores one range into a cache; ``merge --caches`` writes the cache one tune run writes,
+    byte for byte, and tune reads it instead of running the models (the cache is not written again)."""
+    tune = ["tune", str(job.root / "dev.jsonl"), "--lm", str(job.bundle), "--ngram", str(job.ngram), "--quiet"]
+    tune += ["--threads", "1", "--metric", "wer", "--features", "am,neural,interp,length", "--fixed", "am"]
+    tune += ["--lambdas", "0.4", "--restarts", "0"]
+    whole, merged = tmp_path / "whole.lmscores.jsonl", tmp_path / "merged.lmscores.jsonl"
+    assert rescore_main([*tune, "--out", str(tmp_path / "whole.json"), "--cache", str(whole)]) == 0
+    caches = []
+    for k in (1, 2):
+        assert rescore_main([*tune, "--shard", f"{k}/2", "--out", str(tmp_path / "unused.json")]) == 0
+        caches.append(str(tmp_path / f"dev.shard-{k}-of-2.lmscores.jsonl"))
+    assert not (tmp_path / "unused.json").exists()
+    capsys.readouterr()
+    assert rescore_main(["merge", "--caches", caches[0], "--cache", str(merged)]) == 2
+    assert "shard 2/2 missing" in capsys.readouterr().err
+    assert rescore_main(["merge", "--caches", *reversed(caches), "--cache", str(merged)]) == 0
+    assert merged.read_bytes() == whole.read_bytes()
+    written = merged.stat().st_mtime_ns
+    assert rescore_main([*tune, "--out", str(tmp_path / "merged.json"), "--cache", str(merged)]) == 0
+    assert merged.stat().st_mtime_ns == written  # read, not computed again
+    assert read_weights(tmp_path / "merged.json")["weights"] == read_weights(tmp_path / "whole.json")["weights"]
+    lines = Path(caches[1]).read_text().splitlines()
+    Path(caches[1]).write_text("\n".join(lines[:-1]) + "\n")
+    capsys.readouterr()
+    assert rescore_main(["merge", "--caches", *caches, "--cache", str(merged)]) == 2
+    assert "truncated; run that shard again" in capsys.readouterr().err
+
+
 # -- a fleet of lm-serve replicas --------------------------------------------------------------------------------
 
 
