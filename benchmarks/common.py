@@ -23,7 +23,8 @@ DATA_DIR = Path(os.environ.get("LMSERVE_DATA") or ROOT.parent / "shared" / "data
 
 
 def git_commit() -> str:
-    """HEAD, with ``-dirty`` when tracked files differ from it (the figures then come from uncommitted code).
+    """HEAD, with ``-dirty`` when tracked files other than results differ from it (the figures then come from
+    uncommitted code).
 
     A copy of the tree sent elsewhere (a lent GPU machine gets one, with a stale or no git history) is named by
     $LMSERVE_COMMIT, which wins when set.
@@ -35,7 +36,10 @@ def git_commit() -> str:
     if os.environ.get("LMSERVE_COMMIT"):
         return os.environ["LMSERVE_COMMIT"]
     commit = git("rev-parse", "HEAD") or "unknown"
-    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # benchmarks/results is what benchmarks write, not what they run: a second benchmark in the same clean tree
+    # after a first has written its result is still that commit's code
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    return commit + ("-dirty" if changed else "")
 
 
 # Taken when the benchmark starts: the code that ran, even if HEAD moves during a long run.
