@@ -27,7 +27,8 @@ from lmserve.server.process import ServerProcess
 
 @pytest.fixture(scope="module")
 def job(bundles, tmp_path_factory):
-    """A test list of 30 utterances and weights tuned on a dev list (am, neural, interp at λ 0.4, length)."""
+    """A test list of 30 utterances and a weights file of ``tune`` (am, neural, interp at λ 0.4, length) with
+    weights that change choices (whatever the short search found), so that the ranking itself is compared."""
     root = tmp_path_factory.mktemp("job")
     build_ngram((s.split() for s in make_sentences(300, seed=1)), 3, root / "lm3", discount_fallback=True)
     bundle, ngram = bundles[("full", 0.0)][1], root / "lm3.bin"
@@ -38,6 +39,9 @@ def job(bundles, tmp_path_factory):
     tune = ["tune", str(dev), "--lm", str(bundle), "--ngram", str(ngram), "--threads", "1", "--quiet"]
     tune += ["--metric", "wer", "--features", "am,neural,interp,length", "--fixed", "am", "--lambdas", "0.4"]
     assert rescore_main([*tune, "--restarts", "0", "--out", str(weights)]) == 0
+    record = json.loads(weights.read_text())
+    record["weights"] = {"am": 1.0, "neural": 0.5, "interp": 0.5, "length": 0.5}
+    weights.write_text(json.dumps(record))
     return SimpleNamespace(root=root, test=test, weights=weights, bundle=bundle, ngram=ngram)
 
 
@@ -105,6 +109,7 @@ def test_shards_merged_are_one_run_byte_for_byte(job, offline, tmp_path, capsys)
     whole, joined = figures(offline), figures(merged)
     assert joined == whole and list(joined) == list(whole)
     assert whole["overlap"]["references"] == 30  # the leakage check ran (the bundle's training text is here)
+    assert whole["changed_choices"] > 0
     assert "rescored" in capsys.readouterr().out
     shard = json.loads(reports[1].read_text())["shard"]
     assert (shard["start"], shard["stop"], shard["output"]["path"]) == (10, 20, "out.jsonl")
