@@ -262,10 +262,13 @@ def test_5_no_traceback_for_a_bad_flag_a_bad_config_or_ctrl_c(tmp_path, bundles)
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("LMSERVE_DEBUG", None)
-    proc = subprocess.Popen([sys.executable, *args, "--quiet"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C once the models run (their progress bar is on stderr): a fixed wait raced a run that got faster
+    seen = ""
+    while "LM scores" not in seen and proc.poll() is None:
+        seen += proc.stderr.read(1)
     proc.send_signal(signal.SIGINT)
-    err = proc.communicate(timeout=60)[1]
+    err = seen + proc.communicate(timeout=60)[1]
     assert proc.returncode == 130 and err.splitlines()[-1] == "lm-rescore: interrupted" and "Traceback" not in err
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary files left
     debug = run_cli(
