@@ -262,7 +262,11 @@ def test_5_no_traceback_for_a_bad_flag_a_bad_config_or_ctrl_c(tmp_path, bundles)
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("LMSERVE_DEBUG", None)
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    # a shell's background job (`make test &`) ignores SIGINT and its children inherit that: Ctrl-C as a terminal has it
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     # Ctrl-C once the models run (their progress bar is on stderr): a fixed wait raced a run that got faster
     seen = ""
     while "LM scores" not in seen and proc.poll() is None:
