@@ -115,13 +115,11 @@ def bleu_report(references: Sequence[Sequence[str]], hypotheses: Sequence[str], 
     }
 
 
-def bleu_report_from_stats(totals: np.ndarray, sentences: int, references: int, **bleu_args) -> dict:
-    """``bleu_report`` from summed ``bleu_stats`` of sentences with ``references`` references each (sacrebleu's
-    corpus score is the same function of the same sums)."""
-    bleu = BLEU(**bleu_args)
+def _bleu_from_stats(bleu: BLEU, totals: np.ndarray):
+    """sacrebleu's corpus score from summed ``bleu_stats``, with ``bleu``'s smoothing."""
     order = bleu.max_ngram_order
     t = [int(x) for x in totals]
-    score = BLEU.compute_bleu(
+    return BLEU.compute_bleu(
         correct=t[2 : 2 + order],
         total=t[2 + order :],
         sys_len=t[0],
@@ -131,6 +129,13 @@ def bleu_report_from_stats(totals: np.ndarray, sentences: int, references: int, 
         effective_order=bleu.effective_order,
         max_ngram_order=order,
     )
+
+
+def bleu_report_from_stats(totals: np.ndarray, sentences: int, references: int, **bleu_args) -> dict:
+    """``bleu_report`` from summed ``bleu_stats`` of sentences with ``references`` references each (sacrebleu's
+    corpus score is the same function of the same sums)."""
+    bleu = BLEU(**bleu_args)
+    score = _bleu_from_stats(bleu, totals)
     bleu.num_refs = references  # what sacrebleu sets when it reads references, for the signature
     return {
         "bleu": score.score,
@@ -167,22 +172,7 @@ def corpus_scorer(metric: str, **bleu_args) -> Callable[[np.ndarray], float]:
     if metric != "bleu":
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     bleu = BLEU(**bleu_args)
-    order = bleu.max_ngram_order
-
-    def score(totals: np.ndarray) -> float:
-        t = [int(x) for x in totals]
-        return BLEU.compute_bleu(
-            correct=t[2 : 2 + order],
-            total=t[2 + order :],
-            sys_len=t[0],
-            ref_len=t[1],
-            smooth_method=bleu.smooth_method,
-            smooth_value=bleu.smooth_value,
-            effective_order=bleu.effective_order,
-            max_ngram_order=order,
-        ).score
-
-    return score
+    return lambda totals: _bleu_from_stats(bleu, totals).score
 
 
 # -- choices -----------------------------------------------------------------------------------------------------

@@ -101,18 +101,19 @@ def fingerprint(path: str | Path) -> dict:
     return {"bytes": size, "sha256": digest.hexdigest()}
 
 
+def _range_record(shard: Shard, whole: NBestList) -> dict:
+    """Which shard of how many, and its utterance range in the whole list (a shard report's and a cache's)."""
+    start, stop = shard.bounds(len(whole))
+    return {"index": shard.index, "count": shard.count, "start": start, "stop": stop, "utterances": len(whole)}
+
+
 def shard_record(
     shard: Shard, whole: NBestList, identity: dict, out: Path, out_format: str, report: Path, stats
 ) -> dict:
     """The ``"shard"`` field of a shard's report (module docstring); ``stats``: ``utterance_stats`` rows, or None
     for lists without references."""
-    start, stop = shard.bounds(len(whole))
     return {
-        "index": shard.index,
-        "count": shard.count,
-        "start": start,
-        "stop": stop,
-        "utterances": len(whole),
+        **_range_record(shard, whole),
         "references": len(whole.entries[0].references),
         "identity": identity,
         "output": {
@@ -178,15 +179,7 @@ def merge(reports: list[Path], out: Path, out_format: str | None = None, offende
 
 def cache_shard(shard: Shard, whole: NBestList, key: dict) -> dict:
     """The ``shard`` field of a ``tune --shard`` score cache's header (``key``: the whole list's cache key)."""
-    start, stop = shard.bounds(len(whole))
-    return {
-        "index": shard.index,
-        "count": shard.count,
-        "start": start,
-        "stop": stop,
-        "utterances": len(whole),
-        "key": key,
-    }
+    return {**_range_record(shard, whole), "key": key}
 
 
 def merge_caches(caches: list[Path], out: Path) -> int:
