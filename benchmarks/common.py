@@ -167,3 +167,22 @@ def gutenberg_books(name: str = "gutenberg") -> Path:
         ]
         run_measured(command, ROOT / "var" / "logs" / f"prepare-{name}.log")
     return books
+
+
+def demo_weights() -> Path:
+    """``make demo``'s dev_clean weights file (it names the demo bundle and 3-gram), or exit saying how to make it."""
+    weights = ROOT / "var" / "rescore" / "demo.weights.json"
+    if not weights.exists():
+        sys.exit(f"{weights}: missing; run `make demo` first (it builds the demo bundle, 3-gram and weights)")
+    return weights
+
+
+def list_head(path: Path, limit: int | None, tmp: Path) -> Path:
+    """``path`` itself, or with ``limit`` a JSONL copy of its first ``limit`` utterances in ``tmp`` (a smoke test)."""
+    if not limit:
+        return path
+    from lmserve.rescoring.nbest import NBestList, read_nbest, write_nbest
+
+    head = tmp / "list.jsonl"
+    write_nbest(NBestList(read_nbest(path).entries[:limit]), head, "jsonl")
+    return head

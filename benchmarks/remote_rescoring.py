@@ -28,13 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import DATA_DIR, ROOT, write_result
-from lmserve.rescoring.nbest import NBestList, read_nbest, write_nbest
+from benchmarks.common import DATA_DIR, ROOT, demo_weights, list_head, write_result
+from lmserve.rescoring.nbest import read_nbest
 from lmserve.server.process import ServerProcess
 
 BUNDLE = ROOT / "var" / "bundles" / "demo"
 NGRAM = ROOT / "var" / "ngrams" / "demo_3gram.bin"
-WEIGHTS = ROOT / "var" / "rescore" / "demo.weights.json"
 
 
 def server_config(folder: Path, workers: int, engine: str) -> Path:
@@ -58,15 +57,11 @@ def main() -> None:
     parser.add_argument("--engine", choices=("threads", "processes"), default="threads")
     parser.add_argument("--name", default="remote_rescoring")
     args = parser.parse_args()
-    if not WEIGHTS.exists():
-        sys.exit(f"{WEIGHTS}: missing; run `make demo` first (it builds the demo bundle, 3-gram and weights)")
+    weights = demo_weights()
     levels = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        source = args.list
-        if args.limit:
-            source = tmp / "list.jsonl"
-            write_nbest(NBestList(read_nbest(args.list).entries[: args.limit]), source, "jsonl")
+        source = list_head(args.list, args.limit, tmp)
         hypotheses = read_nbest(source).num_hypotheses
         config = server_config(tmp, args.workers, args.engine)
         with ServerProcess(config, tmp / "a.log") as a, ServerProcess(config, tmp / "b.log") as b:
@@ -84,7 +79,7 @@ def main() -> None:
                     folder = tmp / f"{name}-{round_}"  # fresh: no score cache from an earlier run
                     folder.mkdir()
                     command = [sys.executable, "-m", "lmserve.rescoring.cli", "nbest", str(source)]
-                    command += ["--weights", str(WEIGHTS), "--out", str(folder / "out.jsonl"), "--quiet"]
+                    command += ["--weights", str(weights), "--out", str(folder / "out.jsonl"), "--quiet"]
                     command += ["--report", str(folder / "report.json"), "--no-overlap-check", *flags]
                     start = time.perf_counter()
                     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)

@@ -22,10 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import DATA_DIR, ROOT, write_result
-from lmserve.rescoring.nbest import NBestList, read_nbest, write_nbest
+from benchmarks.common import DATA_DIR, demo_weights, list_head, write_result
 
-WEIGHTS = ROOT / "var" / "rescore" / "demo.weights.json"
 TIMING = ("seconds", "seconds_per_million_words")
 
 
@@ -54,15 +52,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="only the first N utterances (a smoke test)")
     parser.add_argument("--name", default="shard_merge")
     args = parser.parse_args()
-    if not WEIGHTS.exists():
-        sys.exit(f"{WEIGHTS}: missing; run `make demo` first (it builds the demo bundle, 3-gram and weights)")
+    weights = demo_weights()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        source = args.list
-        if args.limit:
-            source = tmp / "list.jsonl"
-            write_nbest(NBestList(read_nbest(args.list).entries[: args.limit]), source, "jsonl")
-        common = ["nbest", str(source), "--weights", str(WEIGHTS), "--out-format", "jsonl", "--quiet"]
+        source = list_head(args.list, args.limit, tmp)
+        common = ["nbest", str(source), "--weights", str(weights), "--out-format", "jsonl", "--quiet"]
 
         def run(folder: str, *flags: str) -> float:
             (tmp / folder).mkdir(exist_ok=True)
