@@ -87,6 +87,39 @@ def test_token_budget_early_stopping_and_plateau(tmp_path, write_config, capsys)
     assert results["epochs"] == 3 and results["stopped"].startswith("early stop")
 
 
+def test_a_finished_run_is_extended_and_annealed_by_resume_with_set(tmp_path, write_config, capsys):
+    run = tmp_path / "run"
+    cfg = write_config(optimizer={"name": "adam", "lr": 0.01}, train={"max_tokens": 300, "epochs": 1})
+    main(["fit", str(cfg), "--out", str(run)])
+    first = json.loads(capsys.readouterr().out)
+    assert first["stopped"] == "token budget"
+    # the model and the data position are the checkpoint's: changing what they mean is refused, naming the key
+    assert main(["fit", "--resume", str(run), "--set", "model.hidden_size=8"]) == 2
+    assert "cannot change model.hidden_size" in capsys.readouterr().err
+    assert (
+        main(["fit", "--resume", str(run), "--set", "schedule.type=linear", "--set", "schedule.start_tokens=999"]) == 2
+    )
+    assert "train.max_tokens > schedule.start_tokens" in capsys.readouterr().err
+    extend = ["--set", "train.epochs=3", "--set", "train.max_tokens=1500", "--set", "schedule.type=linear"]
+    extend += ["--set", f"schedule.start_tokens={first['tokens_seen']}", "--set", "schedule.decay=0.1"]
+    extend += ["--set", "train.log_interval=1"]
+    assert main(["fit", "--resume", str(run), *extend]) == 0
+    extended = json.loads(capsys.readouterr().out)
+    assert extended["stopped"] == "token budget" and 1500 <= extended["tokens_seen"] < 1700
+    assert extended["epochs"] > first["epochs"] and extended["valid"]["ppl"] < first["valid"]["ppl"]
+    events = read_jsonl(run / "metrics.jsonl")
+    resumed_at = next(i for i, e in enumerate(events) if e["event"] == "resume")
+    assert events[resumed_at]["set"] == extend[1::2]
+    # each step's lr falls in a straight line with the tokens seen before it: 0.01 at the old budget, 0.001 at 1500
+    steps = [e for e in events[resumed_at:] if e["event"] == "train"]
+    before = [first["tokens_seen"]] + [e["tokens_seen"] for e in steps[:-1]]
+    assert len(steps) > 5
+    for e, seen in zip(steps, before, strict=True):
+        expected = 0.01 * (1 - 0.9 * (seen - first["tokens_seen"]) / (1500 - first["tokens_seen"]))
+        assert e["lr"] == pytest.approx(expected, rel=1e-9)
+    assert json.loads((run / "config.json").read_text())["schedule"]["type"] == "linear"
+
+
 def test_learning_rate_schedules():
     def lrs(schedule: ScheduleConfig, valid_ppls):
         cfg = Config(schedule=schedule)

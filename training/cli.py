@@ -15,9 +15,9 @@ def _fit(args) -> int:
     from lmserve.training.trainer import Trainer
 
     if args.resume:
-        if args.config or args.set:
-            raise ConfigError("--resume takes the config saved in the run; do not pass a config or --set")
-        trainer = Trainer.resume(Path(args.resume))
+        if args.config:
+            raise ConfigError("--resume takes the config saved in the run; do not pass a config (--set may extend it)")
+        trainer = Trainer.resume(Path(args.resume), args.set)
     else:
         if not args.config:
             raise ConfigError("lm-train fit needs a CONFIG file (or --resume RUN_DIR)")
@@ -140,7 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config value (TOML syntax, e.g. --set optimizer.lr=0.5)",
     )
     fit.add_argument("--out", help="run directory (default var/runs/CONFIG_NAME)")
-    fit.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    fit.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its latest checkpoint; --set may extend it (train.epochs, "
+        "train.max_tokens, schedule.*: e.g. anneal a finished run with schedule.type=linear)",
+    )
     fit.add_argument(
         "--auto-resume",
         action="store_true",

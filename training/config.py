@@ -135,12 +135,16 @@ class OptimizerConfig:
 @dataclass
 class ScheduleConfig:
     # fixed: lr * decay ** max(0, epoch - start_epoch) after each epoch (Zaremba et al.);
-    # plateau: lr * decay when validation perplexity has not improved by `threshold` for `patience` epochs.
+    # plateau: lr * decay when validation perplexity has not improved by `threshold` for `patience` epochs;
+    # linear: lr until `start_tokens` training tokens, then down in a straight line, step by step, to lr * decay at
+    # train.max_tokens (warmup-free "warmup-stable-decay": a run at a constant rate can be extended and annealed
+    # later, `lm-train fit --resume RUN --set train.max_tokens=N --set schedule.type=linear ...`).
     type: str = "fixed"
     decay: float = 1.0
     start_epoch: int = 0
     patience: int = 0
     threshold: float = 0.0
+    start_tokens: int = 0
 
 
 @dataclass
@@ -195,7 +199,7 @@ _CHOICES = {
     ("objective", "type"): ("cross_entropy", *SAMPLED_OBJECTIVES),
     ("objective", "target_term"): ("corrected", "exact"),
     ("optimizer", "name"): ("sgd", "adagrad", "adam"),
-    ("schedule", "type"): ("fixed", "plateau"),
+    ("schedule", "type"): ("fixed", "plateau", "linear"),
     ("train", "loss_reduction"): ("sequence_sum", "token_mean"),
     ("train", "precision"): ("fp32", "bf16"),
 }
@@ -270,6 +274,12 @@ def _check_head_and_objective(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: train.device = {config.train.device!r}, expected cpu, cuda or cuda:N")
     if config.train.accumulate < 1 or config.train.prefetch < 0 or config.train.batch_size < 1:
         raise ConfigError(f"{source}: train.batch_size and train.accumulate must be >= 1, train.prefetch >= 0")
+    schedule, budget = config.schedule, config.train.max_tokens
+    if schedule.type == "linear" and not budget > schedule.start_tokens >= 0:
+        raise ConfigError(
+            f"{source}: schedule.type = linear decays from schedule.start_tokens ({schedule.start_tokens:,}) to "
+            f"train.max_tokens ({budget:,}): it needs train.max_tokens > schedule.start_tokens >= 0"
+        )
     head, objective = config.head, config.objective
     if objective.type in SAMPLED_OBJECTIVES and head.type not in LINEAR_HEADS:
         raise ConfigError(
@@ -310,9 +320,42 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raise ConfigError(f"{path or repr(path)}: cannot read it as a TOML config file ({e})") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    return config_from_dict(apply_overrides(raw, overrides), source)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """``raw`` with each ``--set section.key=value`` applied (a new dict; ``raw`` is left as it was)."""
+    raw = {section: dict(body) if isinstance(body, dict) else body for section, body in raw.items()}
     for text in overrides:
         keys, value = parse_override(text)
         if len(keys) != 2:
             raise ConfigError(f"--set {text!r}: expected section.key=value")
         raw.setdefault(keys[0], {})[keys[1]] = value
-    return config_from_dict(raw, source)
+    return raw
+
+
+# what `lm-train fit --resume RUN --set ...` may change: how long the run goes on and at which learning rate, never
+# what the checkpoint's weights, optimiser state or data position mean
+RESUME_SETTABLE = (
+    "train.epochs",
+    "train.max_tokens",
+    "train.early_stop_patience",
+    "train.log_interval",
+    "train.threads",
+    "train.prefetch",
+    "schedule.*",
+)
+
+
+def resumed_config(saved: dict, overrides: list[str], source: str) -> Config:
+    """The config a resumed run goes on with: the saved one (``source``) with ``overrides`` applied, which may only
+    touch :data:`RESUME_SETTABLE` keys."""
+    for text in overrides:
+        keys, _ = parse_override(text)
+        name = ".".join(keys)
+        if name not in RESUME_SETTABLE and f"{keys[0]}.*" not in RESUME_SETTABLE:
+            raise ConfigError(
+                f"--set {text!r}: a resumed run cannot change {name} (its checkpoint was trained with it); "
+                f"--resume may change {', '.join(RESUME_SETTABLE)}"
+            )
+    return config_from_dict(apply_overrides(saved, overrides), source)

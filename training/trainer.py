@@ -38,7 +38,7 @@ from lmserve.training.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from lmserve.training.config import Config, config_from_dict, expand_data_path
+from lmserve.training.config import Config, expand_data_path, resumed_config
 from lmserve.training.corpus import EncodedCorpus
 from lmserve.training.curves import MetricsLog, plot_curves
 from lmserve.training.distributed import Distributed, setup, step_seed
@@ -90,7 +90,10 @@ def build_optimizer(model: LSTMLM, cfg: Config) -> torch.optim.Optimizer:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config):
+    """The per-epoch scheduler, or None for ``linear``, which :func:`linear_lr` sets before every step."""
     s = cfg.schedule
+    if s.type == "linear":
+        return None
     if s.type == "fixed":
         # After k epochs the next one runs at lr * decay ** max(0, k + 1 - start_epoch): start_epoch is the last
         # epoch at the initial rate ("halved per epoch after epoch 4" is decay 0.5, start_epoch 4).
@@ -98,6 +101,15 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config):
     return torch.optim.lr_scheduler.ReduceLROnPlateau(
         optimizer, mode="min", factor=s.decay, patience=s.patience, threshold=s.threshold
     )
+
+
+def linear_lr(cfg: Config, tokens_seen: int) -> float:
+    """``schedule.type = linear``: optimizer.lr until schedule.start_tokens, then a straight line down to
+    optimizer.lr * schedule.decay at train.max_tokens. A function of the tokens seen alone, so a resumed run (on any
+    number of ranks) continues the same line."""
+    s = cfg.schedule
+    done = (tokens_seen - s.start_tokens) / (cfg.train.max_tokens - s.start_tokens)
+    return cfg.optimizer.lr * (1.0 - (1.0 - s.decay) * min(1.0, max(0.0, done)))
 
 
 @dataclass
@@ -364,9 +376,13 @@ class Trainer:
         return cls(cfg, run_dir, vocab, dist)
 
     @classmethod
-    def resume(cls, run_dir: Path) -> Trainer:
+    def resume(cls, run_dir: Path, overrides: list[str] = ()) -> Trainer:
+        """Continue from the latest checkpoint with its config, or with ``overrides`` of how long the run goes on
+        and at which rate (:data:`~lmserve.training.config.RESUME_SETTABLE`): a finished run then goes on to the
+        new epochs or token budget, for example annealed by ``schedule.type = linear``."""
         ckpt = resolve_checkpoint(run_dir, "latest")
-        cfg = config_from_dict(json.loads((ckpt / "config.json").read_text()), str(ckpt / "config.json"))
+        saved = json.loads((ckpt / "config.json").read_text())
+        cfg = resumed_config(saved, list(overrides), str(ckpt / "config.json"))
         dist = setup(training_device(cfg.train.device))
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -374,10 +390,18 @@ class Trainer:
         load_weights(trainer.model, ckpt / "model.safetensors")
         state, carried = load_training_state(ckpt, trainer.optimizer)
         trainer.carried = None if carried is None else tuple(t.to(trainer.device) for t in carried)
-        trainer.scheduler.load_state_dict(state.pop("scheduler"))
+        scheduler_state = state.pop("scheduler")
+        if trainer.scheduler is not None and saved["schedule"]["type"] == cfg.schedule.type:
+            trainer.scheduler.load_state_dict(scheduler_state)  # a new schedule type starts from optimizer.lr
+        if overrides:
+            state["finished"] = None  # fit() stops again at once if the new limits are already reached
+            if dist.is_main:
+                atomic_write_text(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
         trainer.state = state
-        trainer.log.write("resume", checkpoint=ckpt.name, epochs_done=state["epochs_done"], batch=state["batch"])
-        trainer._say(f"resuming from {ckpt}")
+        trainer.log.write(
+            "resume", checkpoint=ckpt.name, epochs_done=state["epochs_done"], batch=state["batch"], set=list(overrides)
+        )
+        trainer._say(f"resuming from {ckpt}" + (f" with {' '.join(overrides)}" if overrides else ""))
         return trainer
 
     @classmethod
@@ -420,6 +444,9 @@ class Trainer:
                     if st["epochs_done"] >= cfg.train.epochs:
                         st["finished"] = "epochs"
                         break
+                    if cfg.train.max_tokens and st["tokens_seen"] >= cfg.train.max_tokens:
+                        st["finished"] = "token budget"
+                        break
                     outcome = self._train_epoch(stop)
                     if outcome == "interrupted":
                         path = self._save(carried=self.carried)
@@ -439,7 +466,6 @@ class Trainer:
         self.model.train()
         states = self._carried_parts()
         total = self.train_batches.num_batches(epoch, self.parts)
-        lr = self.optimizer.param_groups[0]["lr"]
         bar = tqdm(
             total=total,
             initial=st["batch"],
@@ -472,6 +498,7 @@ class Trainer:
             bar.update()
             if st["batch"] % cfg.train.log_interval == 0 or st["batch"] == total:
                 elapsed = time.perf_counter() - window_start
+                lr = self.optimizer.param_groups[0]["lr"]
                 record = dict(
                     epoch=epoch + 1,
                     batch=st["batch"],
@@ -525,6 +552,9 @@ class Trainer:
             nll += part_nll.item()
             new_states.append(tuple(s.detach() for s in state) if carries else None)
         with record_function("optimizer"):
+            if cfg.schedule.type == "linear":
+                for group in self.optimizer.param_groups:
+                    group["lr"] = linear_lr(cfg, st["tokens_seen"])
             if cfg.train.clip_norm:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.clip_norm)
             self.optimizer.step()
@@ -588,7 +618,7 @@ class Trainer:
             st["bad_epochs"] += 1
         if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.scheduler.step(valid.ppl)
-        else:
+        elif self.scheduler is not None:
             self.scheduler.step()
         patience = cfg.train.early_stop_patience
         if budget_spent:
@@ -621,7 +651,7 @@ class Trainer:
             optimizer=self.optimizer,
             config=self.cfg,
             vocab=self.vocab,
-            state={**st, "scheduler": self.scheduler.state_dict()},
+            state={**st, "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None},
             carried=carried,
             subword_model=run_subword_model(self.cfg, self.run_dir),
         )
