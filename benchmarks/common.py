@@ -110,10 +110,11 @@ def ptb_sentences(split: str = "test") -> list[str]:
     return [" ".join(words) for words in read_sentences(DATA_DIR / "ptb" / f"ptb.{split}.txt.gz")]
 
 
-def _tree_rss_kb(root: int) -> int:
-    """Resident memory of process ``root`` and all its descendants (kB), from /proc."""
+def _tree_rss_kb(root: int) -> tuple[int, int]:
+    """Resident memory of process ``root`` and all its descendants (kB), from /proc: all of it (VmRSS) and its
+    anonymous part (RssAnon), which leaves out file pages a memory map has mapped in (page cache, reclaimable)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
+    rss: dict[int, tuple[int, int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -124,30 +125,33 @@ def _tree_rss_kb(root: int) -> int:
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         pid = int(entry.name)
         children.setdefault(int(fields["PPid"]), []).append(pid)
-        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
-    total, todo = 0, [root]
+        rss[pid] = tuple(int(fields.get(name, "0 kB").split()[0]) for name in ("VmRSS", "RssAnon"))
+    total, anon, todo = 0, 0, [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        total += rss.get(pid, (0, 0))[0]
+        anon += rss.get(pid, (0, 0))[1]
         todo.extend(children.get(pid, []))
-    return total
+    return total, anon
 
 
 def run_measured(command: list[str], log: Path, interval: float = 0.05, **popen) -> dict:
     """Run ``command`` to the end (output to ``log``), sampling the resident memory of it and its child processes
-    (worker pools included) every ``interval`` seconds; returns wall seconds and peak RSS of the whole tree (MB)."""
+    (worker pools included) every ``interval`` seconds; returns wall seconds and the peaks of the whole tree's RSS
+    and of its anonymous part (MB)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    peak = 0
+    peak, peak_anon = 0, 0
     start = time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=popen.pop("cwd", ROOT), **popen)
         while proc.poll() is None:
-            peak = max(peak, _tree_rss_kb(proc.pid))
+            total, anon = _tree_rss_kb(proc.pid)
+            peak, peak_anon = max(peak, total), max(peak_anon, anon)
             time.sleep(interval)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(command)} failed ({proc.returncode}); see {log}")
-    return {"wall_s": seconds, "peak_rss_mb": peak / 1024}
+    return {"wall_s": seconds, "peak_rss_mb": peak / 1024, "peak_anon_mb": peak_anon / 1024}
 
 
 def gutenberg_books(name: str = "gutenberg") -> Path:

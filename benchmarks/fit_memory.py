@@ -4,7 +4,9 @@
 
 The same short run (the LibriSpeech LM's shape: sentence mode, 2x256 LSTM, adaptive softmax over 100,000 words;
 stopped after 20,000 training tokens, one thread, validated on the 52,645-word test split) three ways, each in its own process
-with the resident memory of its whole process tree sampled every 50 ms (benchmarks.common.run_measured):
+with the resident memory of its whole process tree sampled every 50 ms (benchmarks.common.run_measured), all of it
+(VmRSS) and its anonymous part (RssAnon: without the file pages that the memory-mapped ids bring in, page cache that
+the kernel shares and reclaims; each sentence a batch reads maps in the 64 kB around it):
 
 - ``prepared``: data.train = var/prepared/gutenberg-large (``python -m benchmarks.prepare_scale`` makes it);
 - ``text``: data.train = var/gutenberg-large/train.txt.gz (71.8M words) read by the code of ``--baseline-commit``
@@ -90,6 +92,11 @@ def main() -> None:
             "text_tiny_model_rss_mb": results["text_tiny_model"]["peak_rss_mb"],
             "prepared_vs_text_tiny_model": results["prepared_tiny_model"]["peak_rss_mb"]
             / results["text_tiny_model"]["peak_rss_mb"],
+            # the same peaks without file pages: what a memory map maps in is page cache, shared and reclaimable
+            "prepared_anon_mb": results["prepared"]["peak_anon_mb"],
+            "text_anon_mb": results["text"]["peak_anon_mb"],
+            "prepared_vs_text_anon": results["prepared"]["peak_anon_mb"] / results["text"]["peak_anon_mb"],
+            "prepared_tiny_model_anon_mb": results["prepared_tiny_model"]["peak_anon_mb"],
         },
         runs=results,
         baseline_commit=args.baseline_commit,
