@@ -48,7 +48,10 @@ TINY = ["model.embedding_size=16", "model.hidden_size=16", "model.layers=1", "he
 
 def fit(root, run, train: str, valid: str, test: str, extra: list[str] = ()) -> dict:
     config = [f'data.train="{train}"', f'data.valid="{valid}"', f'data.test="{test}"', *SETS, *extra]
-    command = [sys.executable, "-m", "lmserve.training.cli", "fit", "configs/gutenberg_rescore.toml", "--out", str(run)]
+    # the baseline commit predates the lmserve package: its CLI is training.cli (lmserve.training.cli would be the
+    # editable install of today's code, not the worktree's)
+    module = "lmserve.training.cli" if (root / "lmserve").is_dir() else "training.cli"
+    command = [sys.executable, "-m", module, "fit", "configs/gutenberg_rescore.toml", "--out", str(run)]
     command += [arg for value in config for arg in ("--set", value)]
     shutil.rmtree(run, ignore_errors=True)
     return run_measured(
