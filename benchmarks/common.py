@@ -129,8 +129,8 @@ def _tree_rss_kb(root: int) -> tuple[int, int]:
     total, anon, todo = 0, 0, [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, (0, 0))[0]
-        anon += rss.get(pid, (0, 0))[1]
+        pid_total, pid_anon = rss.get(pid, (0, 0))
+        total, anon = total + pid_total, anon + pid_anon
         todo.extend(children.get(pid, []))
     return total, anon
 
