@@ -14,12 +14,13 @@ on stderr for anything a user can fix, never a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
+
+import lmserve
 
 DEBUG_ENV = "LMSERVE_DEBUG"
 
@@ -34,11 +35,7 @@ def _terminate(signum, frame) -> None:
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """``--version`` and ``--debug`` (tracebacks instead of one-line errors, as ``LMSERVE_DEBUG=1``)."""
-    try:
-        version = importlib.metadata.version("lmserve")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        version = "unknown (not installed)"
-    parser.add_argument("--version", action="version", version=f"%(prog)s (lmserve) {version}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s (lmserve) {lmserve.__version__}")
     parser.add_argument("--debug", action="store_true", help=f"show tracebacks (also: {DEBUG_ENV}=1)")
 
 

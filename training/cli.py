@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+import lmserve
 from lmserve.training.config import CHECKOUT_DATA_DIR, DATA_ENV, ConfigError, data_dir, load_config
 
 
@@ -120,9 +121,8 @@ def _prepare_gutenberg(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lm-train", description=__doc__)
-    from importlib.metadata import version  # (here only: nothing else in this module needs it)
-
-    parser.add_argument("--version", action="version", version=f"%(prog)s (lmserve) {version('lmserve')}")
+    # lmserve's own version, "0+unknown" in a checkout that was never installed (a tree copied to a GPU machine)
+    parser.add_argument("--version", action="version", version=f"%(prog)s (lmserve) {lmserve.__version__}")
     parser.add_argument(
         "--data-dir",
         help=f"the shared data folder that {{data}} in configs names (before the command; the same as "
