@@ -120,3 +120,16 @@ def test_unigram_bias_init_predicts_the_prior_from_a_zero_state(head):
     torch.testing.assert_close(head.log_probs(zero), prior.expand(3, V), atol=1e-5, rtol=0)
     if isinstance(head, FullSoftmax | SlimSoftmax):  # the scores are already normalised: log Z = 0
         torch.testing.assert_close(head.scores(zero).logsumexp(-1), torch.zeros(3), atol=1e-5, rtol=0)
+
+
+def test_training_terms_are_float32_under_bf16_autocast(head):
+    """bf16 autocast (train.precision = "bf16") rounds the logits, not the loss: every head's score and log
+    normalisers come out in float32 (CUDA's autocast takes logsumexp to float32 while matrix products stay bf16, so
+    a head that mixed the two failed there), and close to the fp32 terms."""
+    hidden = torch.randn(N, D)
+    targets = torch.randint(0, V, (N,))
+    score32, norms32 = head.target_terms(hidden, targets)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        score, log_norms = head.target_terms(hidden, targets)
+    assert (score.dtype, log_norms.dtype) == (torch.float32, torch.float32)
+    torch.testing.assert_close(score - log_norms.sum(-1), score32 - norms32.sum(-1), atol=0.1, rtol=0.02)

@@ -25,14 +25,18 @@ needs_gpu = pytest.mark.skipif(
     reason="trains on a CUDA GPU, which PyTorch does not see here (run on a GPU machine: pytest tests/test_train_device.py)",
 )
 
-# (head, objective overrides): each head and a sampled objective, so every buffer and noise draw meets the GPU
+# (head, objective overrides, precision): each head and a sampled objective, so every buffer and noise draw meets the
+# GPU, and the heads whose loss mixes matrix products with logsumexp under CUDA's bf16 autocast
 RUNS = [
-    ("full", {}),
-    ("adaptive", {}),
-    ("class", {}),
-    ("tree", {}),
-    ("full", {"type": "importance_sampling", "samples": 20, "noise_power": 0.5, "noise_uniform": 0.1}),
-    ("full", {"type": "nce", "samples": 20}),
+    ("full", {}, "fp32"),
+    ("adaptive", {}, "fp32"),
+    ("class", {}, "fp32"),
+    ("tree", {}, "fp32"),
+    ("full", {"type": "importance_sampling", "samples": 20, "noise_power": 0.5, "noise_uniform": 0.1}, "fp32"),
+    ("full", {"type": "nce", "samples": 20}, "fp32"),
+    ("full", {}, "bf16"),
+    ("adaptive", {}, "bf16"),
+    ("class", {}, "bf16"),
 ]
 
 
@@ -46,11 +50,13 @@ def test_a_device_this_machine_lacks_is_a_clear_error(tmp_path, write_config, ca
 
 
 @needs_gpu
-@pytest.mark.parametrize(("head", "objective"), RUNS, ids=[f"{h}-{o.get('type', 'ce')}" for h, o in RUNS])
+@pytest.mark.parametrize(
+    ("head", "objective", "precision"), RUNS, ids=[f"{h}-{o.get('type', 'ce')}-{p}" for h, o, p in RUNS]
+)
 def test_gpu_run_learns_and_its_checkpoint_evaluates_the_same_on_the_cpu(
-    tmp_path, write_config, tiny_corpus, capsys, head, objective
+    tmp_path, write_config, tiny_corpus, capsys, head, objective, precision
 ):
-    config = write_config("sentence", head, train={"device": "cuda"}, objective=objective)
+    config = write_config("sentence", head, train={"device": "cuda", "precision": precision}, objective=objective)
     gpu = tmp_path / "gpu"
     assert main(["fit", str(config), "--out", str(gpu)]) == 0
     results = json.loads(capsys.readouterr().out)

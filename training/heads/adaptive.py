@@ -50,7 +50,7 @@ class AdaptiveSoftmax(Head):
         return cluster, torch.where(cluster == 0, targets, self.shortlist + cluster - 1)
 
     def target_terms(self, hidden, targets):
-        head_logits = self.head(hidden)
+        head_logits = self.head(hidden).float()  # the loss in float32 under bf16 autocast (tests/test_heads.py)
         cluster, head_index = self._head_index(targets)
         score = head_logits.gather(1, head_index[:, None]).squeeze(1)
         tail_norm = torch.zeros_like(score)
@@ -58,7 +58,7 @@ class AdaptiveSoftmax(Head):
         # (NonZero -> Gather -> MatMul -> ScatterElements); the explicit reshapes keep ranks fixed for the exporter.
         for i, tail in enumerate(self.tails):
             rows = torch.nonzero(cluster == i + 1).reshape(-1)
-            logits = tail(hidden.index_select(0, rows))
+            logits = tail(hidden.index_select(0, rows)).float()
             local = (targets.index_select(0, rows) - self.bounds[i]).reshape(-1, 1)
             score = score + torch.zeros_like(score).scatter(0, rows, logits.gather(1, local).reshape(-1))
             tail_norm = tail_norm + torch.zeros_like(score).scatter(0, rows, logits.logsumexp(-1).reshape(-1))

@@ -153,7 +153,7 @@ class LinearHead(Head):
         return self._less_log_z(target), self._less_log_z(sampled)
 
     def target_terms(self, hidden, targets):
-        scores = self.scores(hidden)
+        scores = self.scores(hidden).float()  # the loss in float32 under bf16 autocast (tests/test_heads.py)
         return scores.gather(1, targets[:, None]).squeeze(1), torch.logsumexp(scores, dim=-1, keepdim=True)
 
     def target_logprob(self, hidden, targets):

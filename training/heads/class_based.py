@@ -165,13 +165,13 @@ class ClassSoftmax(Head):
         # split, not a slice per class: one backward node that assembles the weight gradient once
         weights, biases = self.words.weight.split(self.class_sizes), self.words.bias.split(self.class_sizes)
         for c, rows in zip(present.tolist(), order.split(counts.tolist()), strict=True):
-            logits = nn.functional.linear(hidden.index_select(0, rows), weights[c], biases[c])
+            logits = nn.functional.linear(hidden.index_select(0, rows), weights[c], biases[c]).float()
             position = targets.index_select(0, rows) - self.bound_list[c]
             word_scores.append(logits.gather(1, position[:, None]).squeeze(1))
             in_norms.append(logits.logsumexp(-1))
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(len(order), device=order.device)
-        class_logits = self.classes(hidden)
+        class_logits = self.classes(hidden).float()  # the loss in float32 under bf16 autocast (tests/test_heads.py)
         score = class_logits.gather(1, cls[:, None]).squeeze(1) + torch.cat(word_scores).index_select(0, inverse)
         in_norm = torch.cat(in_norms).index_select(0, inverse)
         return score, torch.stack([class_logits.logsumexp(-1), in_norm], dim=-1)
