@@ -1,7 +1,6 @@
 """Where a training step's time goes, before and after the fast settings -> step_profile.json
 
     python -m benchmarks.step_profile [--steps 20] [--threads 2]
-    python -m benchmarks.step_profile --gpu [--data PREPARED] -> step_profile_gpu.json
 
 Each config trains ``--steps`` steps of PTB under torch.profiler; the trainer marks its regions (``lstm`` and
 ``head`` in the forward pass, ``backward``, ``optimizer``: clipping and the update) and the backward pass is split by
@@ -11,11 +10,6 @@ batches is timed on its own, and every config's training tokens/s is measured in
 
 Configs: ``today`` is configs/ptb_objectives.toml (the Zaremba-small shape in sentence mode: 10k-word full
 softmax, batches of 20, SGD); the others change the head and the batch size, and the last is configs/ptb_fast.toml.
-
-``--gpu``: the LibriSpeech LM of configs/librispeech_lm_gpu.toml on a CUDA GPU, fp32 and bf16 (``--data``: a prepared
-dataset with its vocabulary, e.g. a slice of gutenberg-large). On a GPU the regions' CPU times are the time to
-launch their kernels; what the GPU did is read from its kernels: their summed time against the wall time of the
-profiled steps (how busy the GPU was: below 1 the step waits on the CPU side) and the kernels that took most of it.
 """
 
 from __future__ import annotations
@@ -43,38 +37,13 @@ CONFIGS = {
     ),
     "ptb_fast (+ Adam)": ("ptb_fast.toml", []),
 }
-GPU_CONFIGS = {
-    "fp32": ("librispeech_lm_gpu.toml", ['train.precision="fp32"']),
-    "bf16": ("librispeech_lm_gpu.toml", []),
-}
 REGIONS = ("lstm", "head", "backward", "optimizer")
 
 
-def run_steps(trainer: Trainer, steps: list) -> None:
-    for micro in steps:
-        trainer.step(micro, [None], False)
-    if trainer.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def gpu_kernels(prof, wall_ms: float) -> dict:
-    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
-    kernel_ms = sum(e.self_device_time_total for e in kernels) / 1e3
-    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:10]
-    return {
-        "gpu_busy": kernel_ms / wall_ms,
-        "kernel_ms": kernel_ms,
-        "top_kernels": {e.key[:120]: e.self_device_time_total / 1e3 / kernel_ms for e in top},
-    }
-
-
 def profile_steps(trainer: Trainer, steps: list) -> dict:
-    cuda = trainer.device.type == "cuda"
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-    with profile(activities=activities) as prof:
-        start = time.perf_counter()
-        run_steps(trainer, steps)
-        wall_ms = (time.perf_counter() - start) * 1e3
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for micro in steps:
+            trainer.step(micro, [None], False)
     totals = {e.key: e.cpu_time_total / 1e3 for e in prof.key_averages()}  # ms
     lstm_backward = (
         sum(
@@ -86,11 +55,7 @@ def profile_steps(trainer: Trainer, steps: list) -> dict:
     shares["backward: lstm"] = lstm_backward
     shares["backward: head and embedding"] = shares.pop("backward") - lstm_backward
     total = sum(shares.values())
-    return (
-        {name: ms / total for name, ms in shares.items()}
-        | {"profiled_ms_per_step": total / len(steps)}
-        | (gpu_kernels(prof, wall_ms) if cuda else {})
-    )
+    return {name: ms / total for name, ms in shares.items()} | {"profiled_ms_per_step": total / len(steps)}
 
 
 def main() -> None:
@@ -98,21 +63,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--gpu", action="store_true", help="the GPU LibriSpeech LM in fp32 and bf16 on CUDA")
-    parser.add_argument("--data", help="--gpu: prepared dataset for train, valid and test (default: the config's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    configs = GPU_CONFIGS if args.gpu else CONFIGS
-    data = [f'data.{split}="{args.data}"' for split in ("train", "valid", "test")] if args.data else []
     rows, runs = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, (config, sets)) in enumerate(configs.items()):
-            cfg = load_config(ROOT / "configs" / config, [*sets, *data, f"train.threads={args.threads}"])
+        for i, (name, (config, sets)) in enumerate(CONFIGS.items()):
+            cfg = load_config(ROOT / "configs" / config, [*sets, f"train.threads={args.threads}"])
             trainer = Trainer.fresh(cfg, Path(tmp) / str(i))
             start = time.perf_counter()
             steps = list(itertools.islice(trainer.train_batches.steps_of(0), 3 + args.steps))
             build_ms = (time.perf_counter() - start) * 1e3 / len(steps)
-            run_steps(trainer, steps[:3])  # warm-up
+            for micro in steps[:3]:  # warm-up
+                trainer.step(micro, [None], False)
             timed = steps[3:]
             tokens = sum(m[0].num_tokens for m in timed)
             padded = sum(m[0].targets.numel() for m in timed)
@@ -121,7 +83,7 @@ def main() -> None:
                 "batch_build_ms": build_ms,
                 "padding": 1 - tokens / padded,
             }
-            runs[name] = (lambda t=trainer, s=timed: run_steps(t, s), tokens)
+            runs[name] = (lambda t=trainer, s=timed: [t.step(m, [None], False) for m in s], tokens)
             print(name, rows[name], flush=True)
         seconds = time_interleaved({name: run for name, (run, _) in runs.items()}, args.rounds)
     for name, (_, tokens) in runs.items():
@@ -129,13 +91,11 @@ def main() -> None:
         rows[name]["step_ms"] = seconds[name] * 1e3 / args.steps
         rows[name]["batch_build_share"] = rows[name]["batch_build_ms"] / rows[name]["step_ms"]
     base = rows[next(iter(rows))]["tokens_per_s"]
-    last = rows[next(reversed(rows))]
     write_result(
-        "step_profile_gpu" if args.gpu else "step_profile",
+        "step_profile",
         {
-            ("speedup_bf16" if args.gpu else "speedup_ptb_fast"): last["tokens_per_s"] / base,
+            "speedup_ptb_fast": rows["ptb_fast (+ Adam)"]["tokens_per_s"] / base,
             **{f"tokens_per_s: {n}": r["tokens_per_s"] for n, r in rows.items()},
-            **({f"gpu_busy: {n}": r["profile"]["gpu_busy"] for n, r in rows.items()} if args.gpu else {}),
         },
         rows=rows,
         threads=args.threads,
