@@ -32,6 +32,10 @@ RECIPES = {  # name: features next to score, λ values, bounds, penalty, restart
     "interp_length_bounded_penalty": ("interp,length", LAMBDAS, "interp=0:", 0.05, 2, 0),
     "interp_length_bounded_10_restarts": ("interp,length", LAMBDAS, "interp=0:", 0.0, 10, 0),
     "interp_length_bounded_guarded": ("interp,length", LAMBDAS, "interp=0:", 0.0, 10, 5),
+    # a closed vocabulary scores every unknown word as <unk>, whose probability is the mass of all of them: the count
+    # of such words, its weight at most 0, is the OOV penalty of speech toolkits
+    "interp_length_oov_bounded_10_restarts": ("interp,length,oov", LAMBDAS, "interp=0:,oov=:0", 0.0, 10, 0),
+    "interp_length_oov_bounded_guarded": ("interp,length,oov", LAMBDAS, "interp=0:,oov=:0", 0.0, 10, 5),
 }
 
 
