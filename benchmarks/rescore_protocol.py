@@ -5,9 +5,11 @@
         [--cv 5 --cv-with DATA/dev_other.tar.gz]
 
 Each system is a first-pass score (weight fixed at 1) plus the recipe's features of our LMs (by default ``interp`` at
-the λ of ``--lambdas`` that tunes best, and ``length``, with ``--bounds interp=0:``), tuned on ``--tune`` alone with
-the guard of ``rescoring.tune.tune_guarded`` (``--folds``-fold cross-validation of the tune list; the tuned weights
-are kept only when ``--require-folds`` of its held-out folds gain), and applied unchanged to every ``--report`` list:
+the λ of ``--lambdas`` that tunes best, ``length`` and ``oov``, the count of words outside the LM's vocabulary, with
+``--bounds interp=0:,oov=:0``: the recipe that 5-fold cross-validation over LibriSpeech dev_clean ∪ dev_other chose,
+``benchmarks.rescore_recipes``), tuned on ``--tune`` alone, optionally (``--folds K``) with the guard of
+``rescoring.tune.tune_guarded`` (K-fold cross-validation of the tune list; the tuned weights are kept only when
+``--require-folds`` of its held-out folds gain), and applied unchanged to every ``--report`` list:
 ``NAME_LIST.json`` per list (``LIST``: the file name up to its first dot), with the weights files beside them. A
 further held-out list needs no code: add it to ``--report``.
 
@@ -16,8 +18,8 @@ with the list's own LM weight re-tuned (``--retune``, e.g. ESPnet's ``lm``: what
 the oracle, and a paired bootstrap of each system against the 1-best.
 
 ``--cv K --cv-with LIST...`` adds ``NAME_cv.json``: K-fold cross-validation over the union of the tune list and those
-lists (never a test list) of the whole recipe, guard included (nested: each fold's guard cross-validates within its
-training part), λ fixed at the one chosen on the tune list; per fold the held-out gain over the 1-best, and
+lists (never a test list) of the whole recipe, guard included if any (nested: each fold's guard cross-validates
+within its training part), λ fixed at the one chosen on the tune list; per fold the held-out gain over the 1-best, and
 ``folds_improved``. That is how a recipe is chosen; the weights that ``--report`` lists get are tuned on ``--tune`` only.
 
 LM scores are computed once per list and models and cached in ``--cache-dir`` (``rescoring.lmscores``): a re-run,
@@ -38,8 +40,10 @@ from lmserve.rescoring.rescore import LanguageModels, Setup, references_of, repo
 from lmserve.rescoring.tune import TuningSet, cross_validate, guarded_tuner, parse_bounds, weight_spread, write_weights
 
 AM = "am=0.6*decoder+0.4*ctc"
-RECIPE = "interp,length"  # next to each system's base score
-RECIPE_BOUNDS = "interp=0:"  # an LM weight below 0 rewards what the LM finds unlikely: a length proxy, not an LM
+RECIPE = "interp,length,oov"  # next to each system's base score
+# an LM weight below 0 rewards what the LM finds unlikely (a length proxy, not an LM); an OOV weight above 0 rewards
+# words the LM does not know (the <unk> probability is the mass of all of them)
+RECIPE_BOUNDS = "interp=0:,oov=:0"
 
 
 def list_name(path: Path) -> str:
@@ -69,7 +73,7 @@ def main() -> None:
     parser.add_argument("--penalty", type=float, default=0.0)
     parser.add_argument("--lambdas", default="0.2,0.3,0.4,0.5,0.6,0.7,0.8")
     parser.add_argument("--restarts", type=int, default=10)
-    parser.add_argument("--folds", type=int, default=5, help="the guard's folds of the tune list (0: no guard)")
+    parser.add_argument("--folds", type=int, default=0, help="the guard's folds of the tune list (0: no guard)")
     parser.add_argument("--require-folds", type=int, help="folds that must gain (default: all of --folds)")
     parser.add_argument("--retune", default="lm", help="the list's own LM score, re-weighted as a reference ('' off)")
     parser.add_argument("--cv", type=int, default=0, help="K-fold CV of the recipe over --tune and --cv-with")
@@ -131,8 +135,12 @@ def main() -> None:
             figures,
             protocol=f"weights and λ tuned on {list_name(args.tune)} only, applied unchanged to {list_name(path)}; "
             f"recipe: base (fixed 1) + {args.features}, bounds {args.bounds or 'none'}, penalty {args.penalty}, "
-            f"{args.restarts} restarts per method; kept only when {require} of {args.folds} folds of "
-            f"{list_name(args.tune)} gain under cross-validation",
+            f"{args.restarts} restarts per method; "
+            + (
+                f"kept only when {require} of {args.folds} folds of {list_name(args.tune)} gain under cross-validation"
+                if args.folds > 1
+                else "no guard"
+            ),
             systems=systems,
             definitions=args.define,
             details=details,
@@ -177,8 +185,9 @@ def cross_validation(args, systems: dict, lists: dict, tuned: dict, require: int
             "gain_min": first["spread_of_gains"]["min"],
         },
         protocol=f"{args.cv}-fold cross-validation over {' ∪ '.join(list_name(p) for p in pooled)} of the recipe "
-        f"(base + {args.features}, bounds {args.bounds or 'none'}, guard {require}/{args.folds} folds nested in "
-        f"each training part); λ fixed at the one chosen on {list_name(args.tune)}; the top-level figures are the "
+        f"(base + {args.features}, bounds {args.bounds or 'none'}, "
+        + (f"guard {require}/{args.folds} folds nested in each training part" if args.folds > 1 else "no guard")
+        + f"); λ fixed at the one chosen on {list_name(args.tune)}; the top-level figures are the "
         f"first system's ({next(iter(systems))})",
         systems=per_system,
         signature=metrics.WER_SIGNATURE,
