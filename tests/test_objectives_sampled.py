@@ -349,3 +349,18 @@ def test_every_comparison_row_builds_its_model_and_objective(tmp_path, corpus):
         objective = build_objective(cfg.objective)
         hidden, targets = torch.randn(6, cfg.model.hidden_size), torch.randint(0, vocab_size, (6,))
         assert torch.isfinite(objective(model.head, hidden, targets).loss), name
+
+
+@pytest.mark.parametrize("name", SAMPLED_OBJECTIVES)
+def test_sampled_losses_are_float32_under_bf16_autocast(monkeypatch, name):
+    """As the exact heads' terms (tests/test_heads.py): the sampled scores leave the head in float32 under bf16
+    autocast, so that no loss mixes bf16 logits with float32 reductions (what failed on CUDA for the adaptive head)."""
+    head, hidden, targets = linear_head(), torch.randn(N, D), torch.randint(0, V, (N,))
+    fixed_samples(monkeypatch, [3, 5, 7])
+    objective = build_objective(ObjectiveConfig(type=name, samples=3, nll_stride=1))
+    want = objective(head, hidden, targets)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        target, sampled = head.sampled_scores(hidden, targets, torch.tensor([3, 5, 7]))
+        got = objective(head, hidden, targets)
+    assert (target.dtype, sampled.dtype, got.loss.dtype) == (torch.float32,) * 3
+    torch.testing.assert_close(got.loss, want.loss, rtol=0.02, atol=0.1)

@@ -150,7 +150,8 @@ class LinearHead(Head):
         n = len(targets)
         target = rowwise_dot(vectors[:n], hidden) + bias[:n]
         sampled = nn.functional.linear(hidden, vectors[n:], bias[n:])
-        return self._less_log_z(target), self._less_log_z(sampled)
+        # the loss in float32 under bf16 autocast, as target_terms (tests/test_objectives_sampled.py)
+        return self._less_log_z(target.float()), self._less_log_z(sampled.float())
 
     def target_terms(self, hidden, targets):
         scores = self.scores(hidden).float()  # the loss in float32 under bf16 autocast (tests/test_heads.py)
