@@ -36,8 +36,10 @@ RECIPES = {  # name: features next to score, λ values, bounds, penalty, restart
     # of such words, its weight at most 0, is the OOV penalty of speech toolkits
     "interp_length_oov_bounded_10_restarts": ("interp,length,oov", LAMBDAS, "interp=0:,oov=:0", 0.0, 10, 0),
     "interp_length_oov_bounded_guarded": ("interp,length,oov", LAMBDAS, "interp=0:,oov=:0", 0.0, 10, 5),
-    # the first pass's own LM score (ESPnet's `lm`) re-weighted beside ours: its weight in `score` was set for search
+    # the first pass's own LM score (ESPnet's `lm`) re-weighted beside ours: its weight in `score` was set for search;
+    # and alone, with no LM of ours: the bar ours must clear (λ is not used without interp)
     "lm_interp_length_oov_bounded_10_restarts": ("lm,interp,length,oov", LAMBDAS, "interp=0:,oov=:0", 0.0, 10, 0),
+    "lm_length_no_lm_of_ours": ("lm,length", (0.5,), "", 0.0, 10, 0),
 }
 
 
