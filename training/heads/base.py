@@ -36,7 +36,8 @@ class Head(nn.Module, abc.ABC):
 
     @abc.abstractmethod
     def target_terms(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(score ``[N]``, log_norms ``[N, K]``) for the given targets."""
+        """(score ``[N]``, log_norms ``[N, K]``) for the given targets, in float32 also under bf16 autocast: the loss
+        rounds the logits to bf16, never its own sums (tests/test_heads.py)."""
 
     @abc.abstractmethod
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -209,7 +209,7 @@ class TreeSoftmax(Head):
         nodes = self.path_nodes.index_select(0, targets)  # [N, L]
         signs = self.path_signs.index_select(0, targets)
         vectors = self.nodes.weight.index_select(0, nodes.reshape(-1)).reshape(nodes.shape[0], nodes.shape[1], -1)
-        logits = torch.bmm(vectors, hidden.unsqueeze(2)).squeeze(2)
+        logits = torch.bmm(vectors, hidden.unsqueeze(2)).squeeze(2).float()  # float32 under autocast (Head)
         logits = logits + self.nodes.bias.index_select(0, nodes.reshape(-1)).reshape(nodes.shape)
         logprob = (nn.functional.logsigmoid(signs * logits) * signs.abs()).sum(-1)
         return logprob, torch.zeros_like(logprob).unsqueeze(1)
