@@ -1,6 +1,7 @@
 """Where a training step's time goes, before and after the fast settings -> step_profile.json
 
     python -m benchmarks.step_profile [--steps 20] [--threads 2]
+    python -m benchmarks.step_profile --gpu --data PREPARED -> step_profile_gpu.json
 
 Each config trains ``--steps`` steps of PTB under torch.profiler; the trainer marks its regions (``lstm`` and
 ``head`` in the forward pass, ``backward``, ``optimizer``: clipping and the update) and the backward pass is split by
@@ -10,6 +11,12 @@ batches is timed on its own, and every config's training tokens/s is measured in
 
 Configs: ``today`` is configs/ptb_objectives.toml (the Zaremba-small shape in sentence mode: 10k-word full
 softmax, batches of 20, SGD); the others change the head and the batch size, and the last is configs/ptb_fast.toml.
+
+``--gpu``: the LibriSpeech LM of configs/librispeech_lm_gpu.toml on a CUDA GPU, fp32 against bf16, over ``--data`` (a
+prepared dataset with a 50k vocabulary; a few MB of gutenberg-large prepared with ``--max-size 50000`` is enough). On a
+GPU a region's CPU time is only the time to launch its kernels, so the regions are timed by the GPU time of the
+kernels launched inside them, and the profile adds how busy the GPU was (kernel time over the wall time of the
+profiled steps: below 1 the GPU waits for the CPU) and the kernels that took most of that time.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import ROOT, time_interleaved, write_result
@@ -37,25 +45,73 @@ CONFIGS = {
     ),
     "ptb_fast (+ Adam)": ("ptb_fast.toml", []),
 }
+GPU_CONFIGS = {
+    "fp32": ("librispeech_lm_gpu.toml", ['train.precision="fp32"']),
+    "bf16": ("librispeech_lm_gpu.toml", []),
+}
 REGIONS = ("lstm", "head", "backward", "optimizer")
+LSTM_BACKWARD = re.compile(r"rnn.*backward|backward.*rnn", re.I)
+
+
+def run_steps(trainer: Trainer, steps: list) -> None:
+    for micro in steps:
+        trainer.step(micro, [None], False)
+    if trainer.device.type == "cuda":
+        torch.cuda.synchronize()  # the steps are done when their kernels are
+
+
+def region_ms(events, cuda: bool) -> dict:
+    """Milliseconds per region of the profiled steps. On the CPU: each region's CPU time, and the LSTM's share of the
+    backward pass from its own backward operators. On a GPU: the time of the kernels each region launched. There the
+    backward pass runs on autograd's device thread, outside the main thread's ``backward`` region, so the backward
+    time is all kernel time less that of the other regions (and so also holds the few kernels launched outside every
+    region, the batch's copy to the GPU and the gradients' reset)."""
+    # key_averages lists a region twice on a GPU, as its CPU range and as its span on the GPU (a user annotation of
+    # device type CUDA, with no CPU time): only the CPU-side events are the operators and regions
+    ops = [e for e in events if e.device_type == DeviceType.CPU]
+    if cuda:
+        totals = {e.key: e.device_time_total / 1e3 for e in ops}
+        lstm_backward = sum(e.self_device_time_total for e in ops if LSTM_BACKWARD.search(e.key)) / 1e3
+    else:
+        totals = {e.key: e.cpu_time_total / 1e3 for e in ops}
+        lstm_backward = sum(e.self_cpu_time_total for e in ops if LSTM_BACKWARD.search(e.key)) / 1e3
+    ms = {region: totals.get(region, 0.0) for region in REGIONS}
+    if cuda:
+        ms["backward"] = kernel_ms(events) - ms["lstm"] - ms["head"] - ms["optimizer"]
+    ms["backward: lstm"] = lstm_backward
+    ms["backward: head and embedding"] = ms.pop("backward") - lstm_backward
+    return ms
+
+
+def kernels(events) -> list:
+    """The GPU's own events: kernels, copies and sets (a region's GPU span is an annotation, not work of its own)."""
+    return [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+
+
+def kernel_ms(events) -> float:
+    return sum(e.self_device_time_total for e in kernels(events)) / 1e3
 
 
 def profile_steps(trainer: Trainer, steps: list) -> dict:
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for micro in steps:
-            trainer.step(micro, [None], False)
-    totals = {e.key: e.cpu_time_total / 1e3 for e in prof.key_averages()}  # ms
-    lstm_backward = (
-        sum(
-            e.self_cpu_time_total for e in prof.key_averages() if re.search(r"rnn.*backward|backward.*rnn", e.key, re.I)
-        )
-        / 1e3
-    )
-    shares = {region: totals.get(region, 0.0) for region in REGIONS}
-    shares["backward: lstm"] = lstm_backward
-    shares["backward: head and embedding"] = shares.pop("backward") - lstm_backward
-    total = sum(shares.values())
-    return {name: ms / total for name, ms in shares.items()} | {"profiled_ms_per_step": total / len(steps)}
+    cuda = trainer.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        start = time.perf_counter()
+        run_steps(trainer, steps)
+        wall_ms = (time.perf_counter() - start) * 1e3
+    events = prof.key_averages()
+    ms = region_ms(events, cuda)
+    total = sum(ms.values())
+    if total <= 0:
+        raise RuntimeError(f"the profile of {len(steps)} steps on {trainer.device} holds no time in its regions {ms}")
+    result = {name: t / total for name, t in ms.items()} | {"profiled_ms_per_step": total / len(steps)}
+    if cuda:
+        busy = kernel_ms(events)
+        top = sorted(kernels(events), key=lambda e: -e.self_device_time_total)[:10]
+        result |= {
+            "gpu_busy": busy / wall_ms,
+            "top_kernels": {e.key[:120]: e.self_device_time_total / 1e3 / busy for e in top},
+        }
+    return result
 
 
 def main() -> None:
@@ -63,18 +119,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--gpu", action="store_true", help="the GPU LibriSpeech LM, fp32 and bf16, on a CUDA GPU")
+    parser.add_argument("--data", help="--gpu: the prepared dataset to train and validate on")
     args = parser.parse_args()
+    if args.gpu and not args.data:
+        parser.error("--gpu needs --data PREPARED (a prepared dataset with a 50k vocabulary)")
     torch.set_num_threads(args.threads)
+    configs = GPU_CONFIGS if args.gpu else CONFIGS
+    data = [f'data.{split}="{args.data}"' for split in ("train", "valid", "test")] if args.gpu else []
     rows, runs = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, (config, sets)) in enumerate(CONFIGS.items()):
-            cfg = load_config(ROOT / "configs" / config, [*sets, f"train.threads={args.threads}"])
+        for i, (name, (config, sets)) in enumerate(configs.items()):
+            cfg = load_config(ROOT / "configs" / config, [*sets, *data, f"train.threads={args.threads}"])
             trainer = Trainer.fresh(cfg, Path(tmp) / str(i))
             start = time.perf_counter()
             steps = list(itertools.islice(trainer.train_batches.steps_of(0), 3 + args.steps))
             build_ms = (time.perf_counter() - start) * 1e3 / len(steps)
-            for micro in steps[:3]:  # warm-up
-                trainer.step(micro, [None], False)
+            run_steps(trainer, steps[:3])  # warm-up
             timed = steps[3:]
             tokens = sum(m[0].num_tokens for m in timed)
             padded = sum(m[0].targets.numel() for m in timed)
@@ -83,7 +144,7 @@ def main() -> None:
                 "batch_build_ms": build_ms,
                 "padding": 1 - tokens / padded,
             }
-            runs[name] = (lambda t=trainer, s=timed: [t.step(m, [None], False) for m in s], tokens)
+            runs[name] = (lambda t=trainer, s=timed: run_steps(t, s), tokens)
             print(name, rows[name], flush=True)
         seconds = time_interleaved({name: run for name, (run, _) in runs.items()}, args.rounds)
     for name, (_, tokens) in runs.items():
@@ -91,11 +152,13 @@ def main() -> None:
         rows[name]["step_ms"] = seconds[name] * 1e3 / args.steps
         rows[name]["batch_build_share"] = rows[name]["batch_build_ms"] / rows[name]["step_ms"]
     base = rows[next(iter(rows))]["tokens_per_s"]
+    last = rows[next(reversed(rows))]
     write_result(
-        "step_profile",
+        "step_profile_gpu" if args.gpu else "step_profile",
         {
-            "speedup_ptb_fast": rows["ptb_fast (+ Adam)"]["tokens_per_s"] / base,
+            ("speedup_bf16" if args.gpu else "speedup_ptb_fast"): last["tokens_per_s"] / base,
             **{f"tokens_per_s: {n}": r["tokens_per_s"] for n, r in rows.items()},
+            **({f"gpu_busy: {n}": r["profile"]["gpu_busy"] for n, r in rows.items()} if args.gpu else {}),
         },
         rows=rows,
         threads=args.threads,

@@ -1,0 +1,38 @@
+"""benchmarks/step_profile.py's split of a training step into its regions, on the CPU and (where PyTorch sees one) on
+a CUDA GPU, where a region's time is that of the kernels it launched rather than its CPU time."""
+
+import itertools
+
+import pytest
+import torch
+
+from benchmarks.step_profile import profile_steps
+from lmserve.training.config import load_config
+from lmserve.training.trainer import Trainer
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(), reason="needs a CUDA GPU, which PyTorch does not see here"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_profile_splits_a_step_into_its_regions(tmp_path, write_config, device, precision):
+    cfg = load_config(write_config("sentence", "adaptive", train={"device": device, "precision": precision}))
+    trainer = Trainer.fresh(cfg, tmp_path / "run")
+    steps = list(itertools.islice(trainer.train_batches.steps_of(0), 4))
+    profile = profile_steps(trainer, steps)
+    names = ["lstm", "head", "optimizer", "backward: lstm", "backward: head and embedding"]
+    shares = {name: profile[name] for name in names}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert all(share > 0 for share in shares.values()), shares  # every region did work, the LSTM's backward included
+    assert profile["profiled_ms_per_step"] > 0
+    if device == "cuda":
+        assert 0 < profile["gpu_busy"] <= 1.0  # one stream: a region's GPU span is not counted as work again
+        assert profile["top_kernels"]
