@@ -40,6 +40,17 @@ RECIPES = {  # name: features next to score, λ values, bounds, penalty, restart
     # and alone, with no LM of ours: the bar ours must clear (λ is not used without interp)
     "lm_interp_length_oov_bounded_10_restarts": ("lm,interp,length,oov", LAMBDAS, "interp=0:,oov=:0", 0.0, 10, 0),
     "lm_length_no_lm_of_ours": ("lm,length", (0.5,), "", 0.0, 10, 0),
+    # every part of the first pass re-weighted (score = 0.6 decoder + 0.4 ctc + 0.6 lm fixed at 1, ctc and lm free):
+    # with ours, and without it (the bar)
+    "ctc_lm_interp_length_oov_bounded_10_restarts": (
+        "ctc,lm,interp,length,oov",
+        LAMBDAS,
+        "interp=0:,oov=:0",
+        0.0,
+        10,
+        0,
+    ),
+    "ctc_lm_length_no_lm_of_ours": ("ctc,lm,length", (0.5,), "", 0.0, 10, 0),
 }
 
 
