@@ -1,5 +1,7 @@
-"""Write files and folders so that a reader (or a crash) never sees half of one: a temporary beside the target, then
-rename. Every output of ``rescoring`` (rescored lists and folders, reports, weights, score caches) goes through here.
+"""Write files and folders so that a reader (or a crash) never sees half of one: a temporary beside the target, synced
+to disk, then renamed. Every output of ``rescoring`` (rescored lists and folders, reports, weights, score caches) and
+of ``training`` (checkpoints, bundles, prepared datasets, curves) goes through here: torch-free, so both sides share
+one definition.
 
 Temporaries are named ``.NAME.PID.RANDOM.tmp`` beside ``NAME``. An exception (Ctrl-C included, and SIGTERM, which
 the command lines turn into one) removes its own; a process killed outright (``kill -9``) cannot, so every write
@@ -18,7 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 
 def check_writable(path: str | Path, what: str, folder: bool = False) -> None:
@@ -75,14 +77,14 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def replacing(path: str | Path) -> Iterator[TextIO]:
-    """A text file to write that becomes ``path`` only when the block finishes without an exception."""
+def replacing(path: str | Path, binary: bool = False) -> Iterator[TextIO | BinaryIO]:
+    """A text (or ``binary``) file to write that becomes ``path`` only when the block finishes without an exception."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(path)
     fd, tmp = tempfile.mkstemp(**_temporary_name(path))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide outputs from other users
             yield f
             f.flush()
@@ -97,6 +99,11 @@ def replacing(path: str | Path) -> Iterator[TextIO]:
 def atomic_write_text(path: str | Path, text: str) -> None:
     with replacing(path) as f:
         f.write(text)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with replacing(path, binary=True) as f:
+        f.write(data)
 
 
 def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
@@ -121,6 +128,7 @@ def replacing_folder(path: str | Path) -> Iterator[Path]:
     try:
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide outputs from other users
         yield tmp
+        _sync_files(tmp)
         if path.exists():
             aside = Path(tempfile.mkdtemp(**_temporary_name(path)))
             os.replace(path, aside)  # (over an empty folder: a rename may replace one)
@@ -134,3 +142,12 @@ def replacing_folder(path: str | Path) -> Iterator[Path]:
     finally:
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
+
+
+def _sync_files(folder: Path) -> None:
+    """Every file below ``folder`` on disk before the rename that publishes it (a crash then leaves the old folder or
+    a whole new one, never a new one with empty files: a checkpoint is read back hours later)."""
+    for file in folder.rglob("*"):
+        if file.is_file() and not file.is_symlink():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())

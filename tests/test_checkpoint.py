@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -82,6 +84,22 @@ def test_pointers_pruning_and_resolution(tmp_path):
     assert resolve_checkpoint(tmp_path).name == "ckpt-001-000000"
     assert resolve_checkpoint(tmp_path, "latest").name == "ckpt-003-000000"
     assert json.loads((resolve_checkpoint(tmp_path) / "config.json").read_text())["model"]["hidden_size"] == 6
+
+
+def test_a_killed_writers_half_checkpoint_is_removed_by_the_next_save(tmp_path):
+    """kill -9 during a save leaves its temporary folder (a model's worth of disk); the resumed run saves that step
+    again and removes it, while a live process's temporary (pid 1) is left alone."""
+    cfg, model, optimizer = trained("sgd")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    checkpoints = tmp_path / "checkpoints"
+    leftover = checkpoints / f".ckpt-001-000000.{int(dead.stdout)}.abc123.tmp"
+    running = checkpoints / ".ckpt-001-000000.1.def456.tmp"
+    for folder in (leftover, running):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"half")
+    save_checkpoint(tmp_path, "ckpt-001-000000", model=model, optimizer=optimizer, config=cfg, vocab=VOCAB, state={})
+    assert not leftover.exists() and running.exists()
+    assert resolve_checkpoint(tmp_path, "latest").name == "ckpt-001-000000"
 
 
 def test_damaged_checkpoints_are_clear_errors(tmp_path):

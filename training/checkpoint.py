@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from lmserve.training.atomic import atomic_directory, atomic_write_text
+from lmserve.rescoring.atomic import atomic_write_text, replacing_folder
 from lmserve.training.config import Config, config_from_dict
 from lmserve.training.model import LSTMLM
 from lmserve.training.subword import MODEL_FILE as SUBWORD_MODEL_FILE
@@ -79,7 +79,7 @@ def save_checkpoint(
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
     if carried is not None:
         tensors["carried.h"], tensors["carried.c"] = (t.detach().cpu().contiguous() for t in carried)
-    with atomic_directory(path) as tmp:
+    with replacing_folder(path) as tmp:
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         vocab.save(tmp / "vocab.tsv")
         save_weights(model, tmp / "model.safetensors")

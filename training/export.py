@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lmserve.rescoring.atomic import replacing_folder
 from lmserve.rescoring.bundle import (  # the format, defined once where it is read (no torch there)
     FORMAT,
     FORMAT_VERSION,
@@ -36,7 +37,6 @@ from lmserve.rescoring.bundle import (  # the format, defined once where it is r
     VOCAB_FILE,
 )
 from lmserve.training import objectives
-from lmserve.training.atomic import atomic_directory
 from lmserve.training.batching import SentenceBatches, StreamBatches
 from lmserve.training.checkpoint import load_model_for_eval, resolve_checkpoint
 from lmserve.training.config import expand_data_path
@@ -224,7 +224,7 @@ def export_bundle(
         carried = StreamBatches(corpus, vocab.eos_id, cfg.train.eval_batch_size, cfg.train.bptt)
         stream = {"stream_ppl": evaluate(model, carried, vocab.unk_id).ppl}
     out = Path(out)
-    with atomic_directory(out) as tmp:
+    with replacing_folder(out) as tmp:
         export_graphs(model, self_normalised, tmp)
         if quantize:
             quantize_graphs(tmp)

@@ -16,7 +16,7 @@ import re
 import unicodedata
 from pathlib import Path
 
-from lmserve.training.atomic import atomic_write_bytes
+from lmserve.rescoring.atomic import atomic_write_bytes
 
 MANIFEST = "MANIFEST.tsv"
 SPLITS = ("train", "valid", "test")

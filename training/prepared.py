@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmserve.training.atomic import atomic_directory
+from lmserve.rescoring.atomic import replacing_folder
 from lmserve.training.corpus import (
     BLOCK_BYTES,
     BlockIds,
@@ -223,7 +223,7 @@ def prepare(
     given = Vocabulary.load(settings.file) if settings.file else None
     provisional = _ProvisionalVocab()
     splits: dict[str, dict] = {}
-    with atomic_directory(out) as tmp:
+    with replacing_folder(out) as tmp:
         for split, split_paths in paths.items():
             ids_spill = tmp / f".{split}.provisional"
             spill = ids_spill.open("wb")
