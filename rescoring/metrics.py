@@ -104,13 +104,17 @@ def bleu_report(references: Sequence[Sequence[str]], hypotheses: Sequence[str], 
     _check_reference_sets(references, hypotheses)
     bleu = BLEU(**bleu_args)
     score = bleu.corpus_score(list(hypotheses), [list(r) for r in references])
+    return _report(bleu, score, len(hypotheses))
+
+
+def _report(bleu: BLEU, score, sentences: int) -> dict:
     return {
         "bleu": score.score,
         "precisions": list(score.precisions),
         "bp": score.bp,
         "sys_len": score.sys_len,
         "ref_len": score.ref_len,
-        "sentences": len(hypotheses),
+        "sentences": sentences,
         "signature": str(bleu.get_signature()),
     }
 
@@ -137,15 +141,7 @@ def bleu_report_from_stats(totals: np.ndarray, sentences: int, references: int, 
     bleu = BLEU(**bleu_args)
     score = _bleu_from_stats(bleu, totals)
     bleu.num_refs = references  # what sacrebleu sets when it reads references, for the signature
-    return {
-        "bleu": score.score,
-        "precisions": list(score.precisions),
-        "bp": score.bp,
-        "sys_len": score.sys_len,
-        "ref_len": score.ref_len,
-        "sentences": sentences,
-        "signature": str(bleu.get_signature()),
-    }
+    return _report(bleu, score, sentences)
 
 
 def bleu_stats(references: Sequence[Sequence[str]], hypotheses: Sequence[str], **bleu_args) -> np.ndarray:
