@@ -257,6 +257,28 @@ def test_prepare_gutenberg_output_is_byte_identical_across_runs(tmp_path):
     assert first["train.txt.gz"][4:8] == b"\0\0\0\0"  # gzip mtime field
 
 
+def test_prepare_gutenberg_on_unchanged_books_does_nothing(tmp_path, capsys):
+    data_dir, out = tmp_path / "gutenberg", tmp_path / "out"
+    write_corpus(data_dir, fake_books())
+    first = prepare_gutenberg(data_dir, out, valid_books=2, test_books=1)
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    capsys.readouterr()
+    assert prepare_gutenberg(data_dir, out, valid_books=2, test_books=1) == first
+    assert "up to date" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps  # not written again
+
+    # other settings, or a lost output: made again
+    assert prepare_gutenberg(data_dir, out, valid_books=1, test_books=1)["splits"]["valid"]["sentences"] == 3
+    (out / "test.txt.gz").unlink()
+    prepare_gutenberg(data_dir, out, valid_books=1, test_books=1)
+    assert "up to date" not in capsys.readouterr().err and (out / "test.txt.gz").is_file()
+
+    # a book that changed since (the manifest too old for it): read again, and refused
+    (data_dir / "pg102.txt.gz").write_bytes(gzip.compress(b"changed", mtime=0))
+    with pytest.raises(ValueError, match=r"pg102\.txt\.gz.*sha256"):
+        prepare_gutenberg(data_dir, out, valid_books=1, test_books=1)
+
+
 def test_prepare_gutenberg_errors_name_the_offending_path(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(ValueError, match="nowhere"):

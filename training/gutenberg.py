@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import json
 import re
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -212,7 +213,10 @@ def prepare_gutenberg(data_dir: Path, out_dir: Path, valid_books: int = 3, test_
     """Build train/valid/test.txt.gz and prepare.json from the books listed in data_dir's manifest.
 
     Outputs are byte-identical across runs (gzip mtime=0, no timestamps in
-    prepare.json), so a changed file means changed data or code.
+    prepare.json), so a changed file means changed data or code. A run over an
+    output made from the same books and split settings does nothing (like
+    ``lm-train prepare``): remove the output to make it again after a change
+    to this code.
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     if not data_dir.is_dir():
@@ -222,6 +226,11 @@ def prepare_gutenberg(data_dir: Path, out_dir: Path, valid_books: int = 3, test_
     assignment = holdout_split(sorted(manifest), valid_books, test_books)
 
     input_sha256 = {MANIFEST: hashlib.sha256(manifest_path.read_bytes()).hexdigest()}
+    settings = {"data_dir": str(data_dir.resolve()), "valid_books": valid_books, "test_books": test_books}
+    existing = _made_from(out_dir, data_dir, settings, input_sha256[MANIFEST])
+    if existing is not None:
+        print(f"{out_dir}: up to date (same books and settings); nothing to do", file=sys.stderr)
+        return existing
     lines: dict[str, list[str]] = {}
     splits: dict[str, dict] = {}
     dropped_digits = 0
@@ -255,9 +264,7 @@ def prepare_gutenberg(data_dir: Path, out_dir: Path, valid_books: int = 3, test_
         }
 
     info = {
-        "data_dir": str(data_dir.resolve()),
-        "valid_books": valid_books,
-        "test_books": test_books,
+        **settings,
         "holdout": "file names ranked by sha256(name); first valid_books -> valid, next test_books -> test",
         "splits": splits,
         "dropped_digit_sentences": dropped_digits,
@@ -271,3 +278,23 @@ def prepare_gutenberg(data_dir: Path, out_dir: Path, valid_books: int = 3, test_
         out_dir / "prepare.json", (json.dumps(info, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     )
     return info
+
+
+def _made_from(out_dir: Path, data_dir: Path, settings: dict, manifest_sha256: str) -> dict | None:
+    """The prepare.json of ``out_dir`` when its outputs are all there and were made with ``settings`` from the books
+    that are in ``data_dir`` now (the manifest and every book hash as recorded), else None."""
+    try:
+        existing = json.loads((out_dir / "prepare.json").read_text(encoding="utf-8"))
+        recorded = existing["input_sha256"]
+        if (
+            any(existing.get(key) != value for key, value in settings.items())
+            or recorded.get(MANIFEST) != manifest_sha256
+            or not all((out_dir / f"{split}.txt.gz").is_file() for split in SPLITS)
+        ):
+            return None
+        for name, digest in recorded.items():
+            if name != MANIFEST and hashlib.sha256((data_dir / name).read_bytes()).hexdigest() != digest:
+                return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # no earlier output, or not one of ours: make it
+    return existing
