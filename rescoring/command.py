@@ -6,6 +6,8 @@ on stderr for anything a user can fix, never a traceback.
 - Ctrl-C: ``PROG: interrupted``, exit 130; SIGTERM: ``PROG: terminated``, exit 143. SIGTERM is turned into an
   exception first, so that, as with Ctrl-C, every temporary file and folder is removed on the way out
   (``rescoring.atomic``);
+- stdout closed by its reader (``| head``): quietly, exit 141 (128 + SIGPIPE, what a shell reports when a pipe
+  ends a command; Python ignores the signal and raises ``BrokenPipeError`` instead);
 - anything else is a bug: one line that says so, exit 1.
 
 ``LMSERVE_DEBUG=1`` in the environment (or ``--debug``) shows the traceback of each instead.
@@ -43,6 +45,13 @@ def debugging(flag: bool = False) -> bool:
     return flag or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
+def stdout_closed() -> int:
+    """The exit status for a reader that closed our stdout early. What is still buffered for it goes to /dev/null, so
+    that the interpreter's last flush does not fail again on the way out."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
+
+
 def run_command(prog: str, func: Callable[[], int], debug: bool = False, user_errors: tuple = ()) -> int:
     """``func()``'s exit status, or the status of how it failed (module docstring). ``user_errors``: more exception
     types whose message is meant for the user."""
@@ -50,6 +59,8 @@ def run_command(prog: str, func: Callable[[], int], debug: bool = False, user_er
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return func()
+    except BrokenPipeError:
+        return stdout_closed()
     except (ValueError, OSError, *user_errors) as e:
         if debugging(debug):
             raise

@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
+    except BrokenPipeError:  # stdout's reader went away (| head): quietly, as a shell expects
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except TrainingInterrupted as e:
         print(f"lm-train: interrupted: {e}", file=sys.stderr)
         return 130
