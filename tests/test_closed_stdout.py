@@ -23,6 +23,7 @@ ngram 2=1
 \\end\\
 """
 
+
 def run_into_a_closed_pipe(command: list[str], stdin: str = "") -> subprocess.CompletedProcess:
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the command writes a byte: every write fails
