@@ -4,21 +4,13 @@ a CUDA GPU, where a region's time is that of the kernels it launched rather than
 import itertools
 
 import pytest
-import torch
+from test_train_device import needs_gpu
 
 from benchmarks.step_profile import profile_steps
 from lmserve.training.config import load_config
 from lmserve.training.trainer import Trainer
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason="needs a CUDA GPU, which PyTorch does not see here"
-        ),
-    ),
-]
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]  # the CPU split in CI; the GPU's on a GPU machine
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -22,7 +22,8 @@ from lmserve.training.trainer import make_batcher
 
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available(),
-    reason="trains on a CUDA GPU, which PyTorch does not see here (run on a GPU machine: pytest tests/test_train_device.py)",
+    reason="trains on a CUDA GPU, which PyTorch does not see here (run on a GPU machine: "
+    "pytest tests/test_train_device.py tests/test_step_profile.py)",
 )
 
 # (head, objective overrides, precision): each head and a sampled objective, so every buffer and noise draw meets the
