@@ -69,12 +69,9 @@ def region_ms(events, cuda: bool) -> dict:
     # key_averages lists a region twice on a GPU, as its CPU range and as its span on the GPU (a user annotation of
     # device type CUDA, with no CPU time): only the CPU-side events are the operators and regions
     ops = [e for e in events if e.device_type == DeviceType.CPU]
-    if cuda:
-        totals = {e.key: e.device_time_total / 1e3 for e in ops}
-        lstm_backward = sum(e.self_device_time_total for e in ops if LSTM_BACKWARD.search(e.key)) / 1e3
-    else:
-        totals = {e.key: e.cpu_time_total / 1e3 for e in ops}
-        lstm_backward = sum(e.self_cpu_time_total for e in ops if LSTM_BACKWARD.search(e.key)) / 1e3
+    clock = "device" if cuda else "cpu"
+    totals = {e.key: getattr(e, f"{clock}_time_total") / 1e3 for e in ops}
+    lstm_backward = sum(getattr(e, f"self_{clock}_time_total") for e in ops if LSTM_BACKWARD.search(e.key)) / 1e3
     ms = {region: totals.get(region, 0.0) for region in REGIONS}
     if cuda:
         ms["backward"] = kernel_ms(events) - ms["lstm"] - ms["head"] - ms["optimizer"]
