@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import lmserve
+from lmserve.rescoring.command import stdout_closed
 from lmserve.training.config import CHECKOUT_DATA_DIR, DATA_ENV, ConfigError, data_dir, load_config
 
 
@@ -223,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BrokenPipeError:  # stdout's reader went away (| head): quietly, as a shell expects
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return stdout_closed()
     except TrainingInterrupted as e:
         print(f"lm-train: interrupted: {e}", file=sys.stderr)
         return 130
