@@ -6,7 +6,7 @@ import itertools
 import pytest
 from test_train_device import needs_gpu
 
-from benchmarks.step_profile import profile_steps
+from benchmarks.step_profile import busy_ms, profile_steps
 from lmserve.training.config import load_config
 from lmserve.training.trainer import Trainer
 
@@ -26,5 +26,13 @@ def test_profile_splits_a_step_into_its_regions(tmp_path, write_config, device, 
     assert all(share > 0 for share in shares.values()), shares  # every region did work, the LSTM's backward included
     assert profile["profiled_ms_per_step"] > 0
     if device == "cuda":
-        assert 0 < profile["gpu_busy"] <= 1.0  # one stream: a region's GPU span is not counted as work again
+        assert profile["gpu_busy_ms_per_step"] > 0
+        assert profile["kernel_overlap"] >= 1.0  # the busy time is a union: no kernel counts twice
         assert profile["top_kernels"]
+
+
+def test_gpu_busy_time_counts_overlapping_kernels_once():
+    # cuDNN runs a 2-layer LSTM's layers on two streams at once: kernels overlap, and a gap is idle time
+    spans = [(0.0, 4000.0), (1000.0, 3000.0), (3500.0, 6000.0), (8000.0, 9000.0), (8000.0, 8500.0)]
+    assert busy_ms(spans) == pytest.approx(7.0)
+    assert busy_ms([]) == 0.0
