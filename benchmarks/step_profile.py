@@ -71,10 +71,12 @@ def region_ms(events, cuda: bool) -> dict:
     time is all kernel time less that of the other regions (and so also holds the few kernels launched outside every
     region, the batch's copy to the GPU and the gradients' reset)."""
     # key_averages lists a region twice on a GPU, as its CPU range and as its span on the GPU (a user annotation of
-    # device type CUDA, with no CPU time): only the CPU-side events are the operators and regions
+    # device type CUDA, with no CPU time): only the CPU-side events are the operators and regions. The profiler also
+    # books that span as device time of the region's own, beside its operators' kernels (a region launches no kernel
+    # itself): so a region's kernel time is its total less its self time
     ops = [e for e in events if e.device_type == DeviceType.CPU]
     clock = "device" if cuda else "cpu"
-    totals = {e.key: getattr(e, f"{clock}_time_total") / 1e3 for e in ops}
+    totals = {e.key: (e.device_time_total - e.self_device_time_total if cuda else e.cpu_time_total) / 1e3 for e in ops}
     lstm_backward = sum(getattr(e, f"self_{clock}_time_total") for e in ops if LSTM_BACKWARD.search(e.key)) / 1e3
     ms = {region: totals.get(region, 0.0) for region in REGIONS}
     if cuda:
