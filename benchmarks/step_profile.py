@@ -64,35 +64,44 @@ def run_steps(trainer: Trainer, steps: list) -> None:
         torch.cuda.synchronize()  # the steps are done when their kernels are
 
 
-def region_ms(events, cuda: bool) -> dict:
-    """Milliseconds per region of the profiled steps. On the CPU: each region's CPU time, and the LSTM's share of the
-    backward pass from its own backward operators. On a GPU: the time of the kernels each region launched. There the
-    backward pass runs on autograd's device thread, outside the main thread's ``backward`` region, so the backward
-    time is all kernel time less that of the other regions (and so also holds the few kernels launched outside every
-    region, the batch's copy to the GPU and the gradients' reset)."""
-    # key_averages lists a region twice on a GPU, as its CPU range and as its span on the GPU (a user annotation of
-    # device type CUDA, with no CPU time): only the CPU-side events are the operators and regions. The profiler also
-    # books that span as device time of the region's own, beside its operators' kernels (a region launches no kernel
-    # itself): so a region's kernel time is its total less its self time
-    ops = [e for e in events if e.device_type == DeviceType.CPU]
-    clock = "device" if cuda else "cpu"
-    totals = {e.key: (e.device_time_total - e.self_device_time_total if cuda else e.cpu_time_total) / 1e3 for e in ops}
-    lstm_backward = sum(getattr(e, f"self_{clock}_time_total") for e in ops if LSTM_BACKWARD.search(e.key)) / 1e3
+def cpu_region_ms(events) -> dict:
+    """Milliseconds per region of the profiled steps on the CPU: each region's CPU time, and the LSTM's share of the
+    backward pass from its own backward operators."""
+    totals = {e.key: e.cpu_time_total / 1e3 for e in events}
+    lstm_backward = sum(e.self_cpu_time_total for e in events if LSTM_BACKWARD.search(e.key)) / 1e3
     ms = {region: totals.get(region, 0.0) for region in REGIONS}
-    if cuda:
-        ms["backward"] = kernel_ms(events) - ms["lstm"] - ms["head"] - ms["optimizer"]
     ms["backward: lstm"] = lstm_backward
     ms["backward: head and embedding"] = ms.pop("backward") - lstm_backward
     return ms
 
 
+def gpu_region_ms(events) -> dict:
+    """Milliseconds per region on a GPU, from the raw events: each kernel's time booked to the region of the operator
+    that launched it (its correlation id names that operator), so that the regions partition all kernel time. The
+    backward pass runs on autograd's device thread, outside the main thread's ``backward`` region: its kernels are
+    those launched in no forward or optimizer region (with the few launched outside every region, the batch's copy to
+    the GPU and the gradients' reset), and the LSTM's are those under its backward operators."""
+    ops = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+    ms = dict.fromkeys(("lstm", "head", "optimizer", "backward: lstm", "backward: head and embedding"), 0.0)
+    for kernel in kernels(events):
+        ms[gpu_region(ops.get(kernel.linked_correlation_id))] += kernel.time_range.elapsed_us() / 1e3
+    return ms
+
+
+def gpu_region(op) -> str:
+    names = []
+    while op is not None:
+        names.append(op.name)
+        op = op.cpu_parent
+    forward_or_update = [region for region in ("lstm", "head", "optimizer") if region in names]
+    if forward_or_update:
+        return forward_or_update[0]
+    return "backward: lstm" if any(LSTM_BACKWARD.search(name) for name in names) else "backward: head and embedding"
+
+
 def kernels(events) -> list:
     """The GPU's own events: kernels, copies and sets (a region's GPU span is an annotation, not work of its own)."""
     return [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
-
-
-def kernel_ms(events) -> float:
-    return sum(e.self_device_time_total for e in kernels(events)) / 1e3
 
 
 def busy_ms(spans: list[tuple[float, float]]) -> float:
@@ -110,13 +119,13 @@ def profile_steps(trainer: Trainer, steps: list) -> dict:
     with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         run_steps(trainer, steps)
     events = prof.key_averages()
-    ms = region_ms(events, cuda)
+    ms = gpu_region_ms(prof.events()) if cuda else cpu_region_ms(events)
     total = sum(ms.values())
     if total <= 0:
         raise RuntimeError(f"the profile of {len(steps)} steps on {trainer.device} holds no time in its regions {ms}")
     result = {name: t / total for name, t in ms.items()} | {"profiled_ms_per_step": total / len(steps)}
     if cuda:
-        all_kernels = kernel_ms(events)
+        all_kernels = total
         busy = busy_ms([(e.time_range.start, e.time_range.end) for e in kernels(prof.events())])
         top = sorted(kernels(events), key=lambda e: -e.self_device_time_total)[:10]
         result |= {
