@@ -76,15 +76,17 @@ def cpu_region_ms(events) -> dict:
 
 
 def gpu_region_ms(events) -> dict:
-    """Milliseconds per region on a GPU, from the raw events: each kernel's time booked to the region of the operator
-    that launched it (its correlation id names that operator), so that the regions partition all kernel time. The
-    backward pass runs on autograd's device thread, outside the main thread's ``backward`` region: its kernels are
-    those launched in no forward or optimizer region (with the few launched outside every region, the batch's copy to
-    the GPU and the gradients' reset), and the LSTM's are those under its backward operators."""
-    ops = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+    """Milliseconds per region on a GPU, from the raw events: the kernels the profiler attached to each operator
+    (through the launch's correlation id) booked to that operator's region, so that the regions partition the kernel
+    time. The backward pass runs on autograd's device thread, outside the main thread's ``backward`` region: its
+    kernels are those launched in no forward or optimizer region (with the few launched outside every region, the
+    batch's copy to the GPU and the gradients' reset), and the LSTM's are those under its backward operators. Kernel
+    time attached to no operator is reported as ``no operator``."""
     ms = dict.fromkeys(("lstm", "head", "optimizer", "backward: lstm", "backward: head and embedding"), 0.0)
-    for kernel in kernels(events):
-        ms[gpu_region(ops.get(kernel.linked_correlation_id))] += kernel.time_range.elapsed_us() / 1e3
+    for op in events:
+        if op.device_type == DeviceType.CPU and op.kernels:
+            ms[gpu_region(op)] += sum(kernel.duration for kernel in op.kernels) / 1e3
+    ms["no operator"] = sum(e.time_range.elapsed_us() for e in kernels(events)) / 1e3 - sum(ms.values())
     return ms
 
 
