@@ -75,30 +75,35 @@ def cpu_region_ms(events) -> dict:
     return ms
 
 
-def gpu_region_ms(events) -> dict:
-    """Milliseconds per region on a GPU, from the raw events: the kernels the profiler attached to each operator
-    (through the launch's correlation id) booked to that operator's region, so that the regions partition the kernel
-    time. The backward pass runs on autograd's device thread, outside the main thread's ``backward`` region: its
-    kernels are those launched in no forward or optimizer region (with the few launched outside every region, the
-    batch's copy to the GPU and the gradients' reset), and the LSTM's are those under its backward operators. Kernel
-    time attached to no operator is reported as ``no operator``."""
+def gpu_region_ms(trace) -> dict:
+    """Milliseconds per region on a GPU, from the profiler's own records (``prof.profiler.kineto_results.events()``):
+    each kernel is booked once, to the region that was open on the CPU when it was launched (the launch record shares
+    the kernel's correlation id). The operators' lists of kernels cannot be used: the profiler attached some kernels
+    to two operators (on the H100 a tiny model's operators held 120% of all kernel time). The backward pass runs on
+    autograd's device thread, outside the main thread's ``backward`` region: its kernels are those launched in no
+    forward or optimizer region (with the few launched outside every region, the batch's copy to the GPU and the
+    gradients' reset), and the LSTM's are those launched inside its backward operators."""
+    markers, launches, work = [], {}, []
+    for e in trace:
+        if e.device_type() == DeviceType.CPU:
+            if e.linked_correlation_id() > 0:  # a launch (CUDA runtime call), linked to its operator
+                launches[e.correlation_id()] = e.start_ns()
+            elif e.name() in ("lstm", "head", "optimizer") or LSTM_BACKWARD.search(e.name()):
+                markers.append((e.name(), e.start_ns(), e.start_ns() + e.duration_ns()))
+        elif e.device_type() == DeviceType.CUDA and not e.is_user_annotation():
+            work.append((launches.get(e.correlation_id()), e.duration_ns() / 1e6))
+    return book_kernels(markers, work)
+
+
+def book_kernels(markers: list[tuple[str, int, int]], work: list[tuple[int | None, float]]) -> dict:
+    """``work``: (launch time or None, ms) per kernel; ``markers``: (name, start, end) of the regions and the LSTM's
+    backward operators. The forward regions, the autograd thread's backward and the update never overlap in time."""
     ms = dict.fromkeys(("lstm", "head", "optimizer", "backward: lstm", "backward: head and embedding"), 0.0)
-    for op in events:
-        if op.device_type == DeviceType.CPU and op.kernels:
-            ms[gpu_region(op)] += sum(kernel.duration for kernel in op.kernels) / 1e3
-    ms["no operator"] = sum(e.time_range.elapsed_us() for e in kernels(events)) / 1e3 - sum(ms.values())
+    for launched, kernel_ms in work:
+        names = [name for name, start, end in markers if launched is not None and start <= launched <= end]
+        region = next((r for r in ("lstm", "head", "optimizer") if r in names), None)
+        ms[region or ("backward: lstm" if names else "backward: head and embedding")] += kernel_ms
     return ms
-
-
-def gpu_region(op) -> str:
-    names = []
-    while op is not None:
-        names.append(op.name)
-        op = op.cpu_parent
-    forward_or_update = [region for region in ("lstm", "head", "optimizer") if region in names]
-    if forward_or_update:
-        return forward_or_update[0]
-    return "backward: lstm" if any(LSTM_BACKWARD.search(name) for name in names) else "backward: head and embedding"
 
 
 def kernels(events) -> list:
@@ -121,7 +126,7 @@ def profile_steps(trainer: Trainer, steps: list) -> dict:
     with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         run_steps(trainer, steps)
     events = prof.key_averages()
-    ms = gpu_region_ms(prof.events()) if cuda else cpu_region_ms(events)
+    ms = gpu_region_ms(prof.profiler.kineto_results.events()) if cuda else cpu_region_ms(events)
     total = sum(ms.values())
     if total <= 0:
         raise RuntimeError(f"the profile of {len(steps)} steps on {trainer.device} holds no time in its regions {ms}")
