@@ -27,7 +27,7 @@ def test_profile_splits_a_step_into_its_regions(tmp_path, write_config, device, 
     assert profile["profiled_ms_per_step"] > 0
     if device == "cuda":
         assert profile["gpu_busy_ms_per_step"] > 0
-        assert profile["kernel_overlap"] >= 1.0  # the busy time is a union: no kernel counts twice
+        assert profile["kernel_overlap"] >= 1 - 1e-9  # the busy time is a union: no kernel counts twice
         assert profile["top_kernels"]
 
 
