@@ -19,7 +19,8 @@ kernels launched inside them (shares of all kernel time), and the profile adds h
 least one kernel ran (the union of the kernels' intervals: cuDNN runs an LSTM's layers on several streams at once, so
 kernel times can add up to more than the wall time) over the time of an unprofiled step (below 1 the GPU waits for the
 CPU), and the kernels that took most of the kernel time. A third GPU row doubles the batch (Adam's rate ×√2) to see
-what a larger batch buys a step that waits for the CPU.
+how much busier a larger batch keeps a GPU that waits for the CPU; its tokens/s is not a like-for-like speed-up, since
+its first batches are other sentences (of other lengths) than those of the 512-sentence rows.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ GPU_CONFIGS = {
     "bf16, batches of 1024": ("librispeech_lm_gpu.toml", ["train.batch_size=1024", "optimizer.lr=0.0028"]),
 }
 REGIONS = ("lstm", "head", "backward", "optimizer")
+FORWARD_AND_UPDATE = ("lstm", "head", "optimizer")  # the regions that launch kernels on the main thread
 LSTM_BACKWARD = re.compile(r"rnn.*backward|backward.*rnn", re.I)
 
 
@@ -88,7 +90,7 @@ def gpu_region_ms(trace) -> dict:
         if e.device_type() == DeviceType.CPU:
             if e.linked_correlation_id() > 0:  # a launch (CUDA runtime call), linked to its operator
                 launches[e.correlation_id()] = e.start_ns()
-            elif e.name() in ("lstm", "head", "optimizer") or LSTM_BACKWARD.search(e.name()):
+            elif e.name() in FORWARD_AND_UPDATE or LSTM_BACKWARD.search(e.name()):
                 markers.append((e.name(), e.start_ns(), e.start_ns() + e.duration_ns()))
         elif e.device_type() == DeviceType.CUDA and not e.is_user_annotation():
             work.append((launches.get(e.correlation_id()), e.duration_ns() / 1e6))
@@ -98,10 +100,10 @@ def gpu_region_ms(trace) -> dict:
 def book_kernels(markers: list[tuple[str, int, int]], work: list[tuple[int | None, float]]) -> dict:
     """``work``: (launch time or None, ms) per kernel; ``markers``: (name, start, end) of the regions and the LSTM's
     backward operators. The forward regions, the autograd thread's backward and the update never overlap in time."""
-    ms = dict.fromkeys(("lstm", "head", "optimizer", "backward: lstm", "backward: head and embedding"), 0.0)
+    ms = dict.fromkeys((*FORWARD_AND_UPDATE, "backward: lstm", "backward: head and embedding"), 0.0)
     for launched, kernel_ms in work:
         names = [name for name, start, end in markers if launched is not None and start <= launched <= end]
-        region = next((r for r in ("lstm", "head", "optimizer") if r in names), None)
+        region = next((r for r in FORWARD_AND_UPDATE if r in names), None)
         ms[region or ("backward: lstm" if names else "backward: head and embedding")] += kernel_ms
     return ms
 
