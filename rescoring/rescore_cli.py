@@ -169,7 +169,35 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _list_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("list", type=Path, help="n-best/k-best list (file or folder; the format is detected)")
+    class ListOrSystems(argparse.Action):
+        """LIST, or ``--systems FILE...``, whose first file then stands for LIST where the list's path is used (the
+        score cache's default name, a shard's input fingerprint): one of the two, never both (argparse's group)."""
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            if option_string:
+                namespace.systems, namespace.list = values, values[0]
+            elif values is not None:  # an absent LIST must not undo --systems
+                namespace.list = values
+
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument(
+        "list",
+        nargs="?",
+        type=Path,
+        action=ListOrSystems,
+        help="n-best/k-best list (file or folder, e.g. a WMT folder of system outputs; the format is detected)",
+    )
+    given.add_argument(
+        "--systems",
+        nargs="+",
+        type=Path,
+        action=ListOrSystems,
+        metavar="FILE",
+        help="instead of LIST: plain MT outputs, one file per system, line i of each the same segment; read as "
+        "k-best lists of their distinct translations (features votes and sys_NAME, NAME the file's name without "
+        "its last suffix)",
+    )
+    parser.add_argument("--source", type=Path, help="with --systems: the source sentences, one a line")
     parser.add_argument("--format", choices=sorted(FORMATS), help="override format detection")
     parser.add_argument("--references", nargs="+", type=Path, help="reference files, one sentence per line")
     parser.add_argument(
@@ -274,6 +302,16 @@ def _read_list(args) -> NBestList:
     if args.max_words < 1:
         raise ValueError(f"--max-words {args.max_words}: expected at least 1")
     defaults = parse_defaults(args.feature_default)
+    if args.systems:
+        from lmserve.rescoring.nbest import read_systems  # only --systems needs it
+
+        if args.format:
+            raise ValueError(f"--format {args.format}: not with --systems, which reads plain files, one per system")
+        return read_systems(
+            args.systems, args.source, args.references, feature_defaults=defaults, max_words=args.max_words
+        )
+    if args.source:
+        raise ValueError(f"--source {args.source}: only with --systems (a list in a format carries its own source)")
     return read_nbest(args.list, args.format, args.references, feature_defaults=defaults, max_words=args.max_words)
 
 
