@@ -10,6 +10,16 @@ Names a weights file or a command line can use:
 - ``ngram``: the n-gram's, on the same tokens;
 - ``interp``: per-word linear interpolation, Σ log(λ·p_neural + (1 − λ)·p_ngram) with the one weight λ;
 - ``length``: words in the hypothesis as written; ``oov``: words the LM did not know;
+- from the list itself, no LM (these names are computed even where a list carries a feature of the same name, as
+  ``length`` is): ``rank``, the first pass's 1-based rank (``Hypothesis.rank``, else the position in the list);
+  ``chars``, characters without whitespace; ``src_ratio``, words over the words of the entry's source sentence
+  (MT; ``NBestEntry.source``, an empty source counting as one word);
+- ``consensus_bleu``, ``consensus_chrf``, ``consensus_wer``: minimum-Bayes-risk agreement of each hypothesis with
+  the others of its list, uniformly weighted (``rescoring.consensus``: sentence BLEU, chrF, 1 − WER);
+  ``consensus_chrf@score`` weights the others by the first pass's posterior, the softmax of feature ``score`` over
+  the list, and ``consensus_chrf@0.5*score`` by that of 0.5·score (any feature or definition of the list, scale > 0;
+  a cost, lower is better, goes through a definition: ``first=-1*cost``). A hypothesis carrying ``votes`` stands for
+  that many outputs (MT lists of system outputs, deduplicated); without it, for one;
 - a *definition*, ``name=0.6*decoder+0.4*ctc``: a fixed linear combination of the above, e.g. ESPnet's acoustic score,
   so that the tuned weight scales the combination as a whole.
 """
@@ -18,15 +28,43 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from lmserve.rescoring import consensus
 from lmserve.rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, token_sums
-from lmserve.rescoring.nbest import NBestList
+from lmserve.rescoring.nbest import NBestEntry, NBestList
 
 LM_FEATURES = ("neural", "ngram", "interp", "oov", "length")
 NEEDS_LM = LM_FEATURES[:4]
-_TERM = re.compile(r"\s*([+-]?)\s*(?:(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)\s*\*\s*)?([A-Za-z_][\w.-]*)\s*")
+LIST_FEATURES = ("rank", "chars", "src_ratio")
+VOTES = "votes"  # the feature that says how many outputs a hypothesis stands for (consensus weights)
+_NUMBER = r"(?:\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)"
+_NAME = r"[A-Za-z_][\w.-]*"
+_CONSENSUS = re.compile(rf"consensus_({'|'.join(consensus.KINDS)})(?:@(?:({_NUMBER})\*)?({_NAME}))?")
+_TERM = re.compile(rf"\s*([+-]?)\s*(?:({_NUMBER})\s*\*\s*)?({_NAME}(?:@(?:{_NUMBER}\*)?{_NAME})?)\s*")
+CONSENSUS_SYNTAX = f"consensus_KIND or consensus_KIND@[SCALE*]FEATURE, KIND one of {', '.join(consensus.KINDS)}"
+
+
+@dataclass(frozen=True)
+class Consensus:
+    """A consensus feature's name, read: ``consensus_chrf@0.5*score`` -> ``Consensus("chrf", "score", 0.5)``."""
+
+    kind: str
+    weighting: str | None = None  # the feature whose softmax (times ``scale``) weights the other hypotheses
+    scale: float = 1.0
+
+
+def parse_consensus(name: str) -> Consensus | None:
+    """The consensus feature ``name`` asks for, None when it is not one (a ValueError for a scale of 0)."""
+    match = _CONSENSUS.fullmatch(name)
+    if match is None:
+        return None
+    kind, scale, weighting = match.groups()
+    if scale is not None and not float(scale) > 0:
+        raise ValueError(f"feature {name!r}: the scale of the posterior must be > 0, got {scale}")
+    return Consensus(kind, weighting, 1.0 if scale is None else float(scale))
 
 
 def parse_definition(text: str) -> tuple[str, dict[str, float]]:
@@ -61,29 +99,70 @@ def check_features(
     have_lm_scores: bool,
 ) -> None:
     """Fail early, before any model runs, on a name nothing provides, a hypothesis without a feature the weights use,
-    or an LM feature without its LM."""
+    an LM feature without its LM, or a list feature without what it is computed from (a source, votes)."""
     carried = set().union(*(h.features for entry in nbest for h in entry.hypotheses))  # (no order needed: a set union)
-    used = []
-    for name in [*names, *(t for d in definitions.values() for t in d)]:
-        if name not in carried and name not in LM_FEATURES and name not in definitions:
+    wanted = [*names, *(t for d in definitions.values() for t in d)]
+    used, uses_consensus = [], False
+    for name in wanted:  # (grows: a consensus feature wants the feature it is weighted by, checked in turn)
+        spec = None if name in definitions else parse_consensus(name)
+        uses_consensus |= spec is not None
+        if spec is not None and spec.weighting is not None:
+            wanted += _weighting(name, spec.weighting, carried, definitions)
+        elif spec is None and not _known(name, carried, definitions):
+            if name.startswith("consensus_") or "@" in name:
+                raise ValueError(f"feature {name!r}: expected {CONSENSUS_SYNTAX}, e.g. consensus_chrf@0.5*score")
             raise ValueError(
                 f"{nbest.name or 'n-best list'}: unknown feature {name!r}; the list carries {sorted(carried)}, "
-                f"the LMs give {list(LM_FEATURES)}, definitions give {sorted(definitions)}"
+                f"the LMs give {list(LM_FEATURES)}, the list itself {[*LIST_FEATURES, CONSENSUS_SYNTAX]}, "
+                f"definitions give {sorted(definitions)}"
             )
         if name in NEEDS_LM and not have_lm_scores:
             raise ValueError(f"feature {name!r} needs LM scores (a neural LM bundle and/or an n-gram)")
-        if name in carried and name not in definitions:
+        computed = name in definitions or name in LM_FEATURES or name in LIST_FEATURES or spec is not None
+        if name in carried and not computed:
             used.append(name)
     for i, entry in enumerate(nbest):
+        where = f"{nbest.name or 'lists'}[{i}] (id {entry.id!r})"
+        if "src_ratio" in wanted and entry.source is None:
+            raise ValueError(
+                f"{entry.origin or where}: feature 'src_ratio' needs the source sentence (NBestEntry.source, the "
+                "jsonl field 'source'); this entry has none"
+            )
         for k, hyp in enumerate(entry.hypotheses):
             if missing := [name for name in used if name not in hyp.features]:
-                where = hyp.origin or f"{nbest.name or 'lists'}[{i}] (id {entry.id!r}).hypotheses[{k}]"
                 raise ValueError(
-                    f"{where}: no feature {missing[0]!r}, which the weights use and other hypotheses have; "
-                    f"expected every hypothesis to carry it (lm-rescore: --feature-default {missing[0]}=VALUE)"
+                    f"{hyp.origin or f'{where}.hypotheses[{k}]'}: no feature {missing[0]!r}, which the weights use "
+                    f"and other hypotheses have; expected every hypothesis to carry it (lm-rescore: "
+                    f"--feature-default {missing[0]}=VALUE)"
                 )
-    if ("interp" in names or any("interp" in d for d in definitions.values())) and lam is None:
+            if uses_consensus and not hyp.features.get(VOTES, 1.0) >= 1:
+                raise ValueError(
+                    f"{hyp.origin or f'{where}.hypotheses[{k}]'}: feature {VOTES!r} = {hyp.features[VOTES]}; "
+                    "expected a count >= 1 (the outputs this hypothesis stands for)"
+                )
+    if "interp" in wanted and lam is None:
         raise ValueError("feature 'interp' needs the interpolation weight λ")
+
+
+def _known(name: str, carried: set[str], definitions: Mapping[str, Mapping[str, float]]) -> bool:
+    return name in carried or name in LM_FEATURES or name in LIST_FEATURES or name in definitions
+
+
+def _weighting(
+    name: str, weighting: str, carried: set[str], definitions: Mapping[str, Mapping[str, float]]
+) -> list[str]:
+    """The names consensus feature ``name`` is computed from (its weighting feature and, for a definition, its
+    terms), once they are known and none of them is a consensus feature (a posterior cannot need itself)."""
+    needs = [weighting, *definitions.get(weighting, ())]
+    if any(parse_consensus(n) for n in needs if n not in definitions):
+        raise ValueError(f"feature {name!r}: a consensus feature cannot be weighted by consensus ({weighting!r})")
+    if not _known(weighting, carried, definitions):
+        raise ValueError(
+            f"feature {name!r}: no feature {weighting!r} to weight by; the list carries {sorted(carried)}, "
+            f"the LMs give {list(LM_FEATURES)}, the list itself {list(LIST_FEATURES)}, "
+            f"definitions give {sorted(definitions)}"
+        )
+    return needs
 
 
 def feature_matrices(
@@ -101,13 +180,10 @@ def feature_matrices(
     check_features(nbest, names, definitions, lam, lm_scores is not None)
     matrices = []
     for i, entry in enumerate(nbest):
-        columns = _Columns(entry.hypotheses, lm_scores[i] if lm_scores is not None else None, lam)
+        columns = _Columns(entry, lm_scores[i] if lm_scores is not None else None, lam, definitions)
         matrix = np.empty((len(entry.hypotheses), len(names)), dtype=np.float64)
         for j, name in enumerate(names):
-            if name in definitions:
-                matrix[:, j] = sum(c * columns.get(term) for term, c in definitions[name].items())
-            else:
-                matrix[:, j] = columns.get(name)
+            matrix[:, j] = columns.feature(name)
         matrices.append(matrix)
     return matrices
 
@@ -115,12 +191,27 @@ def feature_matrices(
 class _Columns:
     """The base features of one list's hypotheses, each computed once, as a vector over the hypotheses."""
 
-    def __init__(self, hypotheses, scores: Sequence[HypothesisScores] | LMSums | None, lam: float | None):
-        self.hypotheses = hypotheses
+    def __init__(
+        self,
+        entry: NBestEntry,
+        scores: Sequence[HypothesisScores] | LMSums | None,
+        lam: float | None,
+        definitions: Mapping[str, Mapping[str, float]],
+    ):
+        self.entry = entry
+        self.hypotheses = entry.hypotheses
         self.scores = scores
         self.lam = lam
+        self.definitions = definitions
         self.cache: dict[str, np.ndarray] = {}
         self.tokens: dict[str, tuple[np.ndarray | None, np.ndarray]] = {}
+        self.similarities: dict[str, np.ndarray] = {}  # per consensus kind, shared by its weightings
+
+    def feature(self, name: str) -> np.ndarray:
+        """A definition's combination of base features, or the base feature ``name``."""
+        if name in self.definitions:
+            return sum(c * self.get(term) for term, c in self.definitions[name].items())
+        return self.get(name)
 
     def get(self, name: str) -> np.ndarray:
         column = self.cache.get(name)
@@ -143,7 +234,30 @@ class _Columns:
             return np.array([len(h.text.split()) for h in self.hypotheses], dtype=np.float64)
         if name == "oov":
             return np.array([s.oov for s in self.scores], dtype=np.float64)
+        if name == "rank":
+            return np.array([k + 1 if h.rank is None else h.rank for k, h in enumerate(self.hypotheses)], np.float64)
+        if name == "chars":
+            return np.array([len("".join(h.text.split())) for h in self.hypotheses], dtype=np.float64)
+        if name == "src_ratio":  # check_features: the entry has a source
+            return self.get("length") / max(len(self.entry.source.split()), 1)
+        if (spec := parse_consensus(name)) is not None:
+            return self._consensus(name, spec)
         return np.array([h.features[name] for h in self.hypotheses], dtype=np.float64)  # check_features: all have it
+
+    def _consensus(self, name: str, spec: Consensus) -> np.ndarray:
+        if spec.kind not in self.similarities:
+            texts = [h.text for h in self.hypotheses]
+            self.similarities[spec.kind] = consensus.similarity_matrix(texts, spec.kind)
+        log_weights = None
+        if spec.weighting is not None:
+            log_weights = spec.scale * self.feature(spec.weighting)
+            if not np.all(np.isfinite(log_weights)):
+                raise ValueError(
+                    f"list {self.entry.id!r}: feature {name!r}: {spec.weighting!r} has values that are not finite "
+                    f"({log_weights[~np.isfinite(log_weights)][0] / spec.scale}); expected finite scores to weight by"
+                )
+        votes = [h.features.get(VOTES, 1.0) for h in self.hypotheses]
+        return consensus.expected_similarity(self.similarities[spec.kind], log_weights, votes)
 
     def _tokens(self, name: str) -> tuple[np.ndarray | None, np.ndarray]:
         """Every hypothesis' token scores under one LM, concatenated (None without that LM), and their counts."""
