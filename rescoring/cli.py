@@ -1,5 +1,6 @@
-"""lm-rescore: score sentences with a model bundle; build and query KenLM n-grams; tune weights on dev n-best/k-best
-lists and rerank lists with them (``tune``, ``nbest``: ``rescoring/rescore_cli.py``)."""
+"""lm-rescore: score sentences with a model bundle; build, query and mix KenLM n-grams; write the references of a list
+as LM training text; tune weights on dev n-best/k-best lists and rerank lists with them (``tune``, ``nbest``:
+``rescoring/rescore_cli.py``)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from lmserve.rescoring import rescore_cli
+from lmserve.rescoring.atomic import atomic_write_lines
 from lmserve.rescoring.bundle import Bundle
 from lmserve.rescoring.command import add_common_arguments, run_command
 from lmserve.rescoring.lmscores import ngram_view
-from lmserve.rescoring.ngram import LN10, NgramError, NgramLM, build_ngram
+from lmserve.rescoring.nbest import FORMATS, read_nbest
+from lmserve.rescoring.ngram import LN10, NgramError, build_ngram
+from lmserve.rescoring.ngram_mix import load_ngram, tune_mixture
 from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
 
 
@@ -131,8 +135,53 @@ def _ngram_install_tools(args) -> int:
     return 0
 
 
+def _ngram_mix(args) -> int:
+    paths = args.ngram.split(",")
+    if len(paths) < 2 or not all(paths):
+        raise ValueError(f"--ngram {args.ngram}: expected two or more models, comma-separated (A.bin,B.bin)")
+    for path in args.heldout:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such text file")
+    heldout = {"files": args.heldout, "normalize": args.normalize, "like": args.like}
+    record = tune_mixture(paths, _tokenised(args.heldout, _text_view(args)), args.out, heldout)
+    print(json.dumps(record, indent=2))
+    models = ", ".join(f"{m['path']} {m['weight']:.4f} (ppl {m['heldout_ppl']:.2f})" for m in record["models"])
+    held = record["heldout"]
+    print(
+        f"lm-rescore: wrote {args.out}: {models}; mixture ppl {held['ppl']:.2f} on {held['tokens']:,} held-out tokens "
+        f"(with </s>) after {held['iterations']} EM iterations" + ("" if held["converged"] else " (not converged)"),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _references(args) -> int:
+    """An n-best list's references as text to train or adapt an LM on, one per line, in the LM's own form."""
+    nbest = read_nbest(args.list, args.format)
+    normalizer = PRESETS[args.normalize or "none"]
+    lines, without, empty = [], 0, 0
+    for entry in nbest:
+        without += not entry.references
+        for reference in entry.references:
+            words = normalizer.normalize(reference)
+            if words:
+                lines.append(" ".join(words))
+            else:
+                empty += 1
+    if not lines:
+        raise ValueError(f"{args.list}: none of its {len(nbest)} entries has a reference")
+    atomic_write_lines(args.out, lines)
+    skipped = [f"{n} {what}" for n, what in ((without, "entries without one"), (empty, "empty after normalising")) if n]
+    print(
+        f"lm-rescore: wrote {args.out}: {len(lines):,} references of {len(nbest):,} entries, normalised "
+        f"{args.normalize or 'none'}" + (f" ({', '.join(skipped)} left out)" if skipped else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _ngram_query(args) -> int:
-    lm = NgramLM(args.lm)
+    lm = load_ngram(args.lm)
     view = _text_view(args)
     total = tokens = oovs = sentences = 0
     for line in iter_lines(sys.stdin.buffer, "<stdin>"):
@@ -175,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     score.set_defaults(func=_score)
 
-    ngram = sub.add_parser("ngram", help="KenLM n-gram models: build with lmplz, query").add_subparsers(
+    ngram = sub.add_parser("ngram", help="KenLM n-gram models: build with lmplz, query, mix").add_subparsers(
         dest="ngram_command", required=True
     )
     build = ngram.add_parser("build", help="estimate a modified Kneser-Ney n-gram: MODEL.arpa and MODEL.bin")
@@ -191,14 +240,41 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--memory", default="1G", help="lmplz sort memory, e.g. 4G or 30%% (default: %(default)s)")
     build.set_defaults(func=_ngram_build)
     query = ngram.add_parser("query", help="per input line: ln score, log10 score and OOV count (tab-separated)")
-    query.add_argument("--lm", required=True, help="ARPA (plain or .gz) or KenLM binary model")
+    query.add_argument("--lm", required=True, help="ARPA (plain or .gz), KenLM binary model, or a mixture (ngram mix)")
     _text_arguments(query)
     query.set_defaults(func=_ngram_query)
+    mix = ngram.add_parser(
+        "mix",
+        help="tune the weights of a linear mixture of n-grams on held-out text (EM) -> MIX.json, usable as --ngram",
+    )
+    mix.add_argument("--ngram", required=True, help="the models, comma-separated: A.bin,B.bin (ARPA or KenLM binary)")
+    mix.add_argument(
+        "--heldout",
+        nargs="+",
+        required=True,
+        help="held-out text (plain or .gz, one sentence per line; not the test set)",
+    )
+    mix.add_argument("--out", required=True, help="mixture file to write (JSON; model paths relative to it)")
+    _text_arguments(mix)
+    mix.set_defaults(func=_ngram_mix)
     tools = ngram.add_parser("install-tools", help="compile KenLM's lmplz and build_binary (cmake, C++, boost)")
     tools.add_argument("--dest", required=True, help="folder for the two programs (then LMSERVE_KENLM_BIN=DEST)")
     tools.add_argument("--source", help="a kenlm source archive (default: pip downloads the installed version's)")
     tools.add_argument("--jobs", type=int, default=2, help="parallel compile jobs (default: %(default)s)")
     tools.set_defaults(func=_ngram_install_tools)
+    refs = sub.add_parser(
+        "references", help="the references of an n-best list, one per line: in-domain text to train or adapt an LM on"
+    )
+    refs.add_argument("list", help="n-best/k-best list (file or folder; the format is detected)")
+    refs.add_argument("--format", choices=sorted(FORMATS), help="the list's format (default: detected)")
+    refs.add_argument("--out", required=True, help="text file to write")
+    refs.add_argument(
+        "--normalize",
+        choices=sorted(PRESETS),
+        help="text normalisation preset: the form of the LM's training text (librispeech for our Gutenberg and "
+        "LibriSpeech LMs; default: none)",
+    )
+    refs.set_defaults(func=_references)
     rescore_cli.add_commands(sub)
     return parser
 

@@ -21,6 +21,7 @@ from lmserve.rescoring.features import feature_matrices, parse_definition
 from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute, models_key
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.ngram import NgramLM
+from lmserve.rescoring.ngram_mix import NgramMixture, load_ngram
 from lmserve.rescoring.scorer import Scorer
 from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring.tune import TuneResult, TuningSet, tune_guarded, tune_weights
@@ -30,10 +31,11 @@ RESCORE_FEATURE = "rescore"  # the combined score, added to every hypothesis of 
 
 @dataclass
 class LanguageModels:
-    """A neural LM bundle and/or an n-gram, loaded once, and the normaliser that turns hypotheses into their tokens."""
+    """A neural LM bundle and/or an n-gram (one KenLM model or a mixture of them, ``rescoring.ngram_mix``), loaded
+    once, and the normaliser that turns hypotheses into their tokens."""
 
     scorer: Scorer | None
-    ngram: NgramLM | None
+    ngram: NgramLM | NgramMixture | None
     normalizer: TextNormalizer
     paths: dict[str, str | None] = field(default_factory=dict)
 
@@ -50,7 +52,7 @@ class LanguageModels:
         normalizer = scorer.normalizer if scorer is not None else PRESETS[normalize or "none"]
         return cls(
             scorer,
-            NgramLM(ngram) if ngram is not None else None,
+            load_ngram(ngram) if ngram is not None else None,
             normalizer,
             {
                 "lm": None if lm is None else str(lm),

@@ -14,18 +14,28 @@ from lmserve.training.config import CHECKOUT_DATA_DIR, DATA_ENV, ConfigError, da
 
 
 def _fit(args) -> int:
+    from lmserve.training.adapt import adapted_config, initial_checkpoint
     from lmserve.training.trainer import Trainer
 
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes the config saved in the run; do not pass a config (--set may extend it)")
+        if args.init_from:
+            raise ConfigError("--resume continues a run from its own checkpoint; --init-from starts a new run")
         trainer = Trainer.resume(Path(args.resume), args.set)
     else:
         if not args.config:
             raise ConfigError("lm-train fit needs a CONFIG file (or --resume RUN_DIR)")
-        cfg = load_config(args.config, args.set)
+        init_from = initial_checkpoint(args.init_from) if args.init_from else None
+        if init_from is None:
+            cfg = load_config(args.config, args.set)
+        else:
+            cfg = adapted_config(args.config, args.set, init_from)
         run_dir = Path(args.out) if args.out else Path("var/runs") / Path(args.config).stem
-        trainer = Trainer.fresh_or_resume(cfg, run_dir) if args.auto_resume else Trainer.fresh(cfg, run_dir)
+        if args.auto_resume:
+            trainer = Trainer.fresh_or_resume(cfg, run_dir, init_from)
+        else:
+            trainer = Trainer.fresh(cfg, run_dir, init_from)
     results = trainer.fit()
     print(json.dumps(results, indent=2))
     return 0
@@ -152,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with CONFIG and --out: continue the run when it has a checkpoint (same config), else start it; "
         "the form for torchrun --max-restarts",
+    )
+    fit.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT",
+        help="start from this trained model (a checkpoint, or a run directory: its best one; not a bundle) instead of "
+        "random weights: its model, head and vocabulary are kept (the config's [model]/[head]/[vocab] may only agree), "
+        "new words become <unk>, the initial weights are evaluated first and stay best unless an epoch beats them",
     )
     fit.set_defaults(func=_fit)
 

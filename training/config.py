@@ -39,6 +39,9 @@ class DataConfig:
     mode: str = "stream"
     # sentence mode only: training sentences longer than this are skipped (0 = keep all); evaluation keeps all.
     max_sentence_len: int = 0
+    # with one text file and no data.valid: the last lines of data.train (this share of them, contiguous) become the
+    # validation text, written to RUN/carved/ with the rest (training/valid_split.py); 0 = data.valid is required
+    valid_fraction: float = 0.0
 
 
 @dataclass
@@ -163,7 +166,9 @@ class TrainConfig:
     # sequence_sum: sum of token losses / number of sequences (Zaremba's scale: per-step batch means summed over
     # BPTT steps); token_mean: per-token mean.
     loss_reduction: str = "sequence_sum"
-    early_stop_patience: int = 0  # stop after this many epochs without a better validation perplexity (0 = off)
+    # stop after this many epochs' evaluations without a better validation perplexity than the best so far (0 = off;
+    # with lm-train fit --init-from the initial model's evaluation is the first best); `best` keeps the best one
+    early_stop_patience: int = 0
     log_interval: int = 100  # batches between training-loss records
     accumulate: int = 1  # micro-batches per step and rank (gradient accumulation: large batches on few devices)
     precision: str = "fp32"  # fp32 | bf16 (autocast: matrix products in bfloat16, weights and optimiser in fp32)
@@ -265,6 +270,7 @@ def config_from_dict(raw: dict, source: str = "<config>") -> Config:
         sections[name] = cls(**values)
     config = Config(**sections)
     _check_head_and_objective(config, source)
+    _check_data_and_stopping(config, source)
     return config
 
 
@@ -288,6 +294,19 @@ def _check_head_and_objective(config: Config, source: str) -> None:
         )
 
 
+def _check_data_and_stopping(config: Config, source: str) -> None:
+    data, patience = config.data, config.train.early_stop_patience
+    if not 0.0 <= data.valid_fraction < 1.0:
+        raise ConfigError(f"{source}: data.valid_fraction = {data.valid_fraction}, expected a share in [0, 1)")
+    if data.valid_fraction and data.valid:
+        raise ConfigError(
+            f"{source}: data.valid_fraction = {data.valid_fraction} carves the validation text from data.train, "
+            f"and data.valid = {data.valid!r} names one too: give one of them"
+        )
+    if patience < 0:
+        raise ConfigError(f"{source}: train.early_stop_patience = {patience}, expected 0 (off) or more evaluations")
+
+
 def data_dir() -> Path:
     """The shared data folder: ``$LMSERVE_DATA``, else ``../shared/data`` from the current directory."""
     return Path(os.environ.get(DATA_ENV) or CHECKOUT_DATA_DIR)
@@ -309,18 +328,20 @@ def expand_data_path(path: str) -> str:
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    raw: dict = {}
-    source = str(path) if path else "<defaults>"
-    if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError as e:
-            raise ConfigError(f"{path}: config file not found") from e
-        except (OSError, UnicodeDecodeError) as e:  # a folder (an empty argument is "."), unreadable, not text
-            raise ConfigError(f"{path or repr(path)}: cannot read it as a TOML config file ({e})") from e
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    return config_from_dict(apply_overrides(raw, overrides), source)
+    raw = read_config_file(path) if path is not None else {}
+    return config_from_dict(apply_overrides(raw, overrides), str(path) if path else "<defaults>")
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The TOML file as written, before defaults: what ``--init-from`` needs to tell a key given from one left out."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ConfigError(f"{path}: config file not found") from e
+    except (OSError, UnicodeDecodeError) as e:  # a folder (an empty argument is "."), unreadable, not text
+        raise ConfigError(f"{path or repr(path)}: cannot read it as a TOML config file ({e})") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:

@@ -47,6 +47,7 @@ from lmserve.training.model import LSTMLM
 from lmserve.training.objectives import build_objective
 from lmserve.training.prepared import SPLITS, VocabSettings, is_prepared, open_corpus, open_dataset, prepare
 from lmserve.training.subword import run_subword_model
+from lmserve.training.valid_split import carve, carved_config
 from lmserve.training.vocab import Vocabulary
 
 
@@ -135,8 +136,9 @@ def training_dataset(cfg: Config, run_dir: Path) -> Path:
     return Path(source) if source else run_dir / "data"
 
 
-def prepare_run_data(cfg: Config, run_dir: Path) -> None:
-    """Text files of the config -> ``RUN/data`` (a prepared dataset; nothing to do when it is up to date)."""
+def prepare_run_data(cfg: Config, run_dir: Path, vocab_file: str = "") -> None:
+    """Text files of the config -> ``RUN/data`` (a prepared dataset; nothing to do when it is up to date), with the
+    vocabulary in ``vocab_file`` when given (an initial checkpoint's) instead of vocab.file or one cut from the text."""
     d, v = cfg.data, cfg.vocab
     if not d.train or not d.valid:
         raise ValueError("data.train and data.valid must both be set")
@@ -148,7 +150,7 @@ def prepare_run_data(cfg: Config, run_dir: Path) -> None:
         v.min_count,
         v.max_size,
         v.unk,
-        v.file and expand_data_path(v.file),
+        vocab_file or v.file and expand_data_path(v.file),
         d.lowercase,
         v.type,
         v.pieces,
@@ -345,10 +347,13 @@ class Trainer:
             print(text, file=sys.stderr)
 
     @classmethod
-    def fresh(cls, cfg: Config, run_dir: Path) -> Trainer:
+    def fresh(cls, cfg: Config, run_dir: Path, init_from: Path | None = None) -> Trainer:
+        """A new run; with ``init_from`` (a checkpoint, ``training.adapt``) it starts from that model's weights and
+        vocabulary instead of random weights and a vocabulary cut from the text."""
         dist = setup(training_device(cfg.train.device))
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
+        carved = carved_config(cfg, run_dir)
         if dist.is_main:
             error = None
             if (run_dir / "checkpoints").exists():
@@ -356,16 +361,25 @@ class Trainer:
             else:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 try:
-                    prepare_run_data(cfg, run_dir)
+                    if carved is not cfg:
+                        print(carve(cfg, run_dir), file=sys.stderr)
+                    prepare_run_data(carved, run_dir, str(init_from / "vocab.tsv") if init_from else "")
                 except ValueError as e:  # CorpusError, VocabError, ...: every rank reports it
                     error = str(e)
                 else:
-                    atomic_write_text(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+                    atomic_write_text(run_dir / "config.json", json.dumps(carved.to_dict(), indent=2) + "\n")
         error = dist.broadcast_object(error if dist.is_main else None)
         if error:
             raise CheckpointError(error) if "checkpoints" in error else ValueError(error)
+        cfg = carved
         vocab = open_dataset(training_dataset(cfg, run_dir)).vocab
-        if cfg.vocab.file and dist.is_main:
+        if init_from is not None:
+            if vocab.tokens != Vocabulary.load(init_from / "vocab.tsv").tokens:
+                raise ValueError(
+                    f"data.train = {cfg.data.train}: a prepared dataset with another vocabulary than the initial "
+                    f"checkpoint's; prepare it with --vocab {init_from / 'vocab.tsv'}"
+                )
+        elif cfg.vocab.file and dist.is_main:
             given = Vocabulary.load(expand_data_path(cfg.vocab.file))
             if given.tokens != vocab.tokens:
                 raise ValueError(
@@ -373,7 +387,10 @@ class Trainer:
                 )
         if dist.is_main:
             vocab.save(run_dir / "vocab.tsv")
-        return cls(cfg, run_dir, vocab, dist)
+        trainer = cls(cfg, run_dir, vocab, dist)
+        if init_from is not None:
+            trainer._start_from(init_from)
+        return trainer
 
     @classmethod
     def resume(cls, run_dir: Path, overrides: list[str] = ()) -> Trainer:
@@ -405,14 +422,15 @@ class Trainer:
         return trainer
 
     @classmethod
-    def fresh_or_resume(cls, cfg: Config, run_dir: Path) -> Trainer:
+    def fresh_or_resume(cls, cfg: Config, run_dir: Path, init_from: Path | None = None) -> Trainer:
         """Resume ``run_dir`` when it has a checkpoint (its config must be ``cfg``), else start it: the one command
         that ``torchrun --max-restarts`` can run again after a rank died."""
         try:
             ckpt = resolve_checkpoint(run_dir, "latest")
         except CheckpointError:
-            return cls.fresh(cfg, run_dir)
+            return cls.fresh(cfg, run_dir, init_from)
         saved = json.loads((ckpt / "config.json").read_text())
+        cfg = carved_config(cfg, run_dir)  # as fresh() saved it
         if saved != cfg.to_dict():
             changed = sorted(
                 f"{section}.{key}"
@@ -440,6 +458,8 @@ class Trainer:
         self._clock = (st["wall_seconds"], time.perf_counter())
         try:
             with _StopFlag() as stop:
+                if st.get("init_from") and st["best_valid_ppl"] is None:
+                    self._evaluate_initial()
                 while st["finished"] is None:
                     if st["epochs_done"] >= cfg.train.epochs:
                         st["finished"] = "epochs"
@@ -589,6 +609,37 @@ class Trainer:
     def _evaluate(self, batcher) -> EvalResult:
         return evaluate(self.model, batcher, self.vocab.unk_id, self.dist)
 
+    def _start_from(self, ckpt: Path) -> None:
+        """The initial checkpoint's weights (``training.adapt``), and how much of the new text its vocabulary lacks."""
+        load_weights(self.model, ckpt / "model.safetensors")
+        self.state["init_from"] = {"checkpoint": str(ckpt), "valid_ppl": None}
+        lacking = ", ".join(
+            f"{name} {counts['oov']:,} of {counts['words']:,} ({100 * counts['oov_rate']:.2f}%)"
+            for name, counts in self._oov_counts().items()
+        )
+        self._say(f"init from {ckpt}: its vocabulary of {len(self.vocab):,} kept; words outside it -> <unk>: {lacking}")
+
+    def _oov_counts(self) -> dict[str, dict]:
+        """Per split: its words, and those that are <unk> (outside the vocabulary, or written <unk> in the text)."""
+        return {
+            name: {"words": corpus.num_words, "oov": corpus.oov, "oov_rate": corpus.oov_rate}
+            for name in ("train", "valid", "test")
+            if (corpus := getattr(self.data, name)) is not None
+        }
+
+    def _evaluate_initial(self) -> None:
+        """The initial weights evaluated before any update and saved as the first ``best`` checkpoint: an epoch must
+        beat them to replace them, so the run never ends worse on the validation text than it started."""
+        st = self.state
+        valid = self._evaluate(self.valid_batches)
+        st["best_valid_ppl"] = st["init_from"]["valid_ppl"] = valid.ppl
+        self.log.write("valid", epoch=0, tokens_seen=0, lr=self.optimizer.param_groups[0]["lr"], **valid.to_dict())
+        self._say(f"initial model: valid ppl {valid.ppl:.2f}")
+        path = self._save()
+        if self.dist.is_main:
+            mark_best(self.run_dir, path.name)
+        self.dist.barrier()
+
     def _end_epoch(self, budget_spent: bool) -> Path:
         cfg, st = self.cfg, self.state
         valid = self._evaluate(self.valid_batches)
@@ -673,6 +724,8 @@ class Trainer:
             "valid": self._evaluate(self.valid_batches).to_dict(),
             "valid_oov_rate": self.data.valid.oov_rate,
         }
+        if st.get("init_from"):
+            results["init_from"] = {**st["init_from"], "oov": self._oov_counts()}
         if self.data.test is not None:
             test_batches = make_batcher(self.cfg, self.data.test, self.vocab, training=False)
             results["test"] = self._evaluate(test_batches).to_dict()

@@ -1,0 +1,84 @@
+"""``lm-train fit CONFIG --init-from CHECKPOINT``: a trained model continued on a small in-domain text.
+
+What the model is comes from the initial checkpoint: its ``[model]``, ``[head]`` and ``[vocab]`` sections and its
+vocabulary file, whose ids the weights are about. The config may leave those sections out or repeat them; a key that
+differs is an error naming it, never a silent choice. ``data.lowercase`` belongs with them (it decides which entry of
+the vocabulary a word of the text is), and ``[objective]`` and ``data.mode`` are the checkpoint's unless the config
+gives them, so that a self-normalised model stays self-normalised and a sentence-mode model is evaluated as one. All
+the rest (data, optimizer, schedule, epochs, early stopping) is the config's, defaults included.
+
+Words of the new text outside the vocabulary become ``<unk>``; how many there are per split is printed and kept in the
+run's ``results.json`` (``init_from.oov``). The trainer evaluates the initial weights before the first update and
+saves them as the first ``best`` checkpoint, so the adapted model is never worse on the validation text than the one
+it started from: when no epoch improves, ``best`` is the initial weights.
+
+A model bundle is refused: its ONNX graphs (perhaps quantised, always traced for inference) do not give back the
+PyTorch weights exactly, nor the optimiser's view of them; the error names the checkpoint it was exported from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lmserve.rescoring.bundle import FORMAT as BUNDLE_FORMAT
+from lmserve.rescoring.bundle import MANIFEST_FILE
+from lmserve.training.checkpoint import CheckpointError, resolve_checkpoint
+from lmserve.training.config import Config, ConfigError, apply_overrides, config_from_dict, read_config_file
+
+FIXED_SECTIONS = ("model", "head", "vocab")  # the checkpoint's: the config may only repeat them
+CHECKPOINT_FILES = ("config.json", "vocab.tsv", "model.safetensors")
+
+
+def initial_checkpoint(path: str | Path) -> Path:
+    """The checkpoint ``--init-from`` names: a checkpoint directory, or a run directory (its best checkpoint)."""
+    path = Path(path)
+    manifest = path / MANIFEST_FILE
+    if manifest.is_file():
+        try:
+            record = json.loads(manifest.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = {}
+        if isinstance(record, dict) and record.get("format") == BUNDLE_FORMAT:
+            origin = (record.get("training") or {}).get("checkpoint")
+            raise CheckpointError(
+                f"--init-from {path}: a model bundle, whose ONNX graphs cannot give back the PyTorch weights exactly; "
+                "pass the checkpoint it was exported from" + (f" ({origin})" if origin else "")
+            )
+    ckpt = resolve_checkpoint(path, "best")
+    for name in CHECKPOINT_FILES:
+        if not (ckpt / name).is_file():
+            raise CheckpointError(f"--init-from {path}: {ckpt} has no {name}")
+    return ckpt
+
+
+def adapted_config(config_path: str | Path, overrides: list[str], ckpt: Path) -> Config:
+    """The config of a run that continues ``ckpt``: the file with ``overrides``, and the checkpoint's model, head,
+    vocabulary and (where the file is silent) objective, data.mode and data.lowercase (module docstring)."""
+    raw = apply_overrides(read_config_file(config_path), overrides)
+    given = config_from_dict(raw, str(config_path))
+    initial = config_from_dict(json.loads((ckpt / "config.json").read_text()), str(ckpt / "config.json"))
+    if initial.vocab.type != "word":
+        raise ConfigError(
+            f"--init-from {ckpt}: a {initial.vocab.type} vocabulary; continuing training is supported for word "
+            "vocabularies only (the new text would have to be spelled with the checkpoint's sentencepiece model)"
+        )
+    data = raw.get("data", {})
+    named = [(section, key) for section in FIXED_SECTIONS for key in raw.get(section, {})]
+    for section, key in named + ([("data", "lowercase")] if "lowercase" in data else []):
+        mine, theirs = getattr(getattr(given, section), key), getattr(getattr(initial, section), key)
+        if mine != theirs:
+            raise ConfigError(
+                f"{config_path}: {section}.{key} = {mine!r}, but the initial checkpoint {ckpt} has {theirs!r}: with "
+                "--init-from the model, head and vocabulary (and data.lowercase) are the checkpoint's; leave the key "
+                "out or give the checkpoint's value"
+            )
+    merged, saved = given.to_dict(), initial.to_dict()
+    for section in FIXED_SECTIONS:
+        merged[section] = saved[section]
+    if "objective" not in raw:
+        merged["objective"] = saved["objective"]
+    for key in ("mode", "lowercase"):
+        if key not in data:
+            merged["data"][key] = saved["data"][key]
+    return config_from_dict(merged, f"{config_path} with --init-from {ckpt}")
