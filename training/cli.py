@@ -130,6 +130,16 @@ def _prepare_gutenberg(args) -> int:
     return 0
 
 
+def _prepare_english(args) -> int:
+    from lmserve.training.english_text import SOURCES, prepare_english_text
+
+    folder = Path(args.data) if args.data else data_dir() / "english-text"
+    sources = tuple(args.sources.split(",")) if args.sources else SOURCES
+    summary = prepare_english_text(folder, Path(args.out), sources)
+    print(json.dumps(summary["counts"], indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lm-train", description=__doc__)
     # lmserve's own version, "0+unknown" in a checkout that was never installed (a tree copied to a GPU machine)
@@ -226,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--valid-books", type=int, default=3)
     prep.add_argument("--test-books", type=int, default=3)
     prep.set_defaults(func=_prepare_gutenberg)
+
+    eng = sub.add_parser(
+        "prepare-english", help="the shared english-text folder -> LibriSpeech-style train/valid/test sentences"
+    )
+    eng.add_argument("--data", help="folder with ted/sgd/cabnc/reuters.txt.gz (default: DATA_DIR/english-text)")
+    eng.add_argument("--out", default="var/english-text")
+    eng.add_argument("--sources", help="comma-separated subset of ted,sgd,cabnc,reuters (default: all)")
+    eng.set_defaults(func=_prepare_english)
     return parser
 
 

@@ -40,7 +40,11 @@ _CHAT_CODE = re.compile(r"^(?:0|x+|y+|w+)$", re.IGNORECASE)
 
 def documents(text: str) -> list[list[str]]:
     """The file's documents (blank-line separated), each as its non-empty lines."""
-    return [lines for block in re.split(r"\n[ \t]*\n", text) if (lines := [x.strip() for x in block.splitlines()])]
+    return [
+        lines
+        for block in re.split(r"\n[ \t]*\n", text)
+        if (lines := [x.strip() for x in block.splitlines() if x.strip()])
+    ]
 
 
 def chat_to_written(turn: str) -> str:
