@@ -471,7 +471,8 @@ def test_detection_and_override(tmp_path):
         read_nbest(moses_file, format="nbest")
     with pytest.raises(FileNotFoundError):
         detect_format(tmp_path / "missing")
-    assert set(FORMATS) == {"espnet", "hyporadise", "moses", "kaldi", "srilm", "jsonl"}
+    # in the order detection tries them: wmt before srilm (a folder of plain lines), fairseq before moses
+    assert list(FORMATS) == ["espnet", "kaldi", "wmt", "hyporadise", "jsonl", "fairseq", "moses", "srilm"]
 
 
 def test_conversion_between_formats(tmp_path):
