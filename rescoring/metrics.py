@@ -1,8 +1,10 @@
 """Corpus WER and BLEU, oracle choices and paired bootstrap tests for n-best/k-best rescoring.
 
 Thin over jiwer and sacrebleu, so numbers match what others get from the same libraries. Every report carries a
-``signature`` (sacrebleu's for BLEU, an equivalent one for WER) so a figure can be reproduced. Text is scored exactly
-as given: WER uses jiwer's default word splitting and no normalisation, BLEU sacrebleu's settings (13a by default).
+``signature`` (sacrebleu's for BLEU, an equivalent one for WER) so a figure can be reproduced. Text is scored as
+given, but for what separates words: any Unicode whitespace (``rescoring.words``, the LMs' definition; the signatures
+say ``words:unicode-whitespace``), so jiwer and sacrebleu get each text's words joined by single spaces. WER uses no
+normalisation, BLEU sacrebleu's settings (13a by default).
 
 Per-utterance *sufficient statistics* are the currency shared with tuning and significance tests: corpus metrics are
 functions of their sums, so a resampled corpus or a new choice of hypotheses costs a sum, not a re-alignment.
@@ -22,9 +24,11 @@ import numpy as np
 import sacrebleu
 from sacrebleu.metrics import BLEU
 
+from lmserve.rescoring.words import WORDS, spaced
+
 METRICS = ("wer", "bleu")
 HIGHER_IS_BETTER = {"wer": False, "bleu": True}
-WER_SIGNATURE = f"wer|words:whitespace|norm:none|jiwer:{version('jiwer')}"
+WER_SIGNATURE = f"wer|{WORDS}|norm:none|jiwer:{version('jiwer')}"
 WER_COUNTS = ("substitutions", "deletions", "insertions", "hits")  # per utterance: ``wer_counts``
 
 # -- WER ---------------------------------------------------------------------------------------------------------
@@ -66,7 +70,7 @@ def wer_counts(references: Sequence[str], hypotheses: Sequence[str]) -> np.ndarr
         return np.zeros((0, 4), dtype=np.int64)
     column = {"substitute": 0, "delete": 1, "insert": 2, "equal": 3}
     rows = []
-    for chunks in jiwer.process_words(list(references), list(hypotheses)).alignments:
+    for chunks in jiwer.process_words(list(map(spaced, references)), list(map(spaced, hypotheses))).alignments:
         row = [0, 0, 0, 0]
         for c in chunks:
             row[column[c.type]] += (
@@ -103,7 +107,7 @@ def bleu_report(references: Sequence[Sequence[str]], hypotheses: Sequence[str], 
     references, 4 lists of n strings); ``bleu_args`` go to ``sacrebleu.metrics.BLEU`` (tokenize, lowercase, ...)."""
     _check_reference_sets(references, hypotheses)
     bleu = BLEU(**bleu_args)
-    score = bleu.corpus_score(list(hypotheses), [list(r) for r in references])
+    score = bleu.corpus_score(list(map(spaced, hypotheses)), [list(map(spaced, r)) for r in references])
     return _report(bleu, score, len(hypotheses))
 
 
@@ -115,7 +119,7 @@ def _report(bleu: BLEU, score, sentences: int) -> dict:
         "sys_len": score.sys_len,
         "ref_len": score.ref_len,
         "sentences": sentences,
-        "signature": str(bleu.get_signature()),
+        "signature": f"{bleu.get_signature()}|{WORDS}",
     }
 
 
@@ -153,7 +157,7 @@ def bleu_stats(references: Sequence[Sequence[str]], hypotheses: Sequence[str], *
     bleu = BLEU(**{**bleu_args, "effective_order": True})
     rows = []
     for i, hyp in enumerate(hypotheses):
-        s = bleu.sentence_score(hyp, [refs[i] for refs in references])
+        s = bleu.sentence_score(spaced(hyp), [spaced(refs[i]) for refs in references])
         rows.append([s.sys_len, s.ref_len, *s.counts, *s.totals])
     return np.array(rows, dtype=np.int64).reshape(len(hypotheses), 2 + 2 * bleu.max_ngram_order)
 
@@ -204,7 +208,10 @@ def oracle_bleu(
     the lower rank). Not the exact corpus-BLEU oracle (that choice is not per sentence), the usual approximation."""
     _check_reference_sets(references, nbest)
     scores = [
-        [sacrebleu.sentence_bleu(h, [refs[i] for refs in references], **sentence_bleu_args).score for h in hyps]
+        [
+            sacrebleu.sentence_bleu(spaced(h), [spaced(refs[i]) for refs in references], **sentence_bleu_args).score
+            for h in hyps
+        ]
         for i, hyps in enumerate(nbest)
     ]
     return choose(scores)

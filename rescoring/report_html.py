@@ -32,6 +32,7 @@ import sacrebleu
 
 from lmserve.rescoring.atomic import atomic_write_text
 from lmserve.rescoring.nbest import NBestList
+from lmserve.rescoring.words import spaced
 
 LENGTH_BINS = ((1, 5), (6, 10), (11, 20), (21, 40), (41, None))  # reference words
 CONFUSIONS = 20  # pairs listed
@@ -42,7 +43,7 @@ def _aligned(references: Sequence[str], hypotheses: Sequence[str]) -> list[tuple
     """Per pair the alignment as ``[op, ref words, hyp words]`` chunks (op in "=SDI") and its error counts."""
     if not references:
         return []
-    out = jiwer.process_words(list(references), list(hypotheses))
+    out = jiwer.process_words(list(map(spaced, references)), list(map(spaced, hypotheses)))  # WER's words
     result = []
     for ref, hyp, chunks in zip(out.references, out.hypotheses, out.alignments, strict=True):
         ops, counts = [], Counter()
@@ -102,8 +103,9 @@ def _utterances(rep: dict, nbest: NBestList, ranked: NBestList, chosen: np.ndarr
         if metric == "wer":
             score_1, score_c = sum(counts_1.values()), sum(counts_c.values())
         else:  # sentence BLEU against every reference, as the corpus score uses them
-            score_1 = round(sacrebleu.sentence_bleu(first[i], entry.references).score, 2)
-            score_c = round(sacrebleu.sentence_bleu(picked[i], entry.references).score, 2)
+            references = [spaced(r) for r in entry.references]
+            score_1 = round(sacrebleu.sentence_bleu(spaced(first[i]), references).score, 2)
+            score_c = round(sacrebleu.sentence_bleu(spaced(picked[i]), references).score, 2)
         hyps = [[h.rank, h.text, [_number(h.features.get(n)) for n in names]] for h in ranked.entries[i].hypotheses]
         utts.append(
             {

@@ -4,9 +4,10 @@ An LM only helps rescoring when the hypotheses look like its training text: a PT
 "1987", "mister" or upper case; a Gutenberg model (``training/gutenberg.py``) has only seen LibriSpeech-style
 upper-case words with in-word apostrophes. ``TextNormalizer`` bridges that gap, one setting per difference, and
 ``PRESETS`` names the settings our models need. It only shapes the LM's input: WER and BLEU are computed on the lists'
-own text, untouched.
+own words, untouched.
 
-Steps, in order (each off by default, so the default normaliser is plain whitespace splitting):
+Steps, in order (each off by default, so the default normaliser only splits text into words: ``rescoring.words``,
+any Unicode whitespace, as WER and BLEU split it):
 
 1. ``case``: "keep", "lower" or "upper". Markup ("<unk>") and, with ``numbers="ptb"``, ``N`` keep their case.
 2. ``hyphens``: "split" turns a hyphen between two word characters into a space ("thirty-five" -> "thirty five").
@@ -35,6 +36,8 @@ import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+
+from lmserve.rescoring.words import words
 
 CASES = ("keep", "lower", "upper")
 PUNCTUATION = ("keep", "strip")
@@ -111,7 +114,7 @@ class TextNormalizer:
             text = _INNER_HYPHEN.sub(" ", text)
         memo = {} if memo is None else memo
         tokens = []
-        for token in text.split():
+        for token in words(text):
             pieces = memo.get(token)
             if pieces is None:
                 pieces = memo[token] = self._case_and_strip(token)

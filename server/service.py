@@ -30,6 +30,7 @@ from lmserve.rescoring import lmscores
 from lmserve.rescoring.features import check_features, parse_definition
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.rescore import Setup, report, reranked
+from lmserve.rescoring.words import words as words_of
 from lmserve.server import messages
 from lmserve.server.batching import Batcher, Expired
 from lmserve.server.config import Batching, Limits
@@ -224,7 +225,7 @@ class LMServicer:
         limit = self.limits.max_words
         tokens = []
         for i, text in enumerate(texts):
-            words = len(text.split())
+            words = len(words_of(text))
             if words > limit:
                 raise too_many(f"{where(i)}: words", words, limit, "shorten or split the sentence")
             tokens.append(words + 1)

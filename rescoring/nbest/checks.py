@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 from lmserve.rescoring.nbest.model import NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError
+from lmserve.rescoring.words import words as words_of
 
 MAX_WORDS = 200  # words per hypothesis, offline (--max-words) and in lm-serve (limits.max_words)
 
@@ -60,7 +61,7 @@ def check_list(nbest: NBestList, defaults: Mapping[str, float] | None = None, ma
             raise NBestFormatError(where, f"entry {entry.id!r} has no hypotheses; expected at least one")
         names = set(defaults).union(*(hyp.features for hyp in entry.hypotheses))
         for k, hyp in enumerate(entry.hypotheses):
-            words = len(hyp.text.split())
+            words = len(words_of(hyp.text))
             if words > max_words:
                 raise NBestFormatError(
                     _place(hyp, where, k),
