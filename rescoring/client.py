@@ -6,6 +6,10 @@
         for word in ["the", "cat"]:
             state = client.score_next_words([word], state).words[0].state
         client.rescore_nbest(read_nbest("dev.jsonl"), profile="dev_clean").evaluation.rescored
+        # a beam step: the candidates after each hypothesis' state, in one call
+        step = client.score_next_words_batch([(b"", ["the", "a"]), (state, ["</s>"])])
+        with client.stream_next_words() as stream:  # one stream per utterance
+            step = stream.step([(b"", ["the", "a"])])
 
 Errors arrive as ``grpc.RpcError`` with the server's status code and message. Servers with TLS:
 ``LMServeClient(target, ca="ca.pem")``, and with mutual TLS also ``cert="client.pem", key="client.key"``.
@@ -17,6 +21,7 @@ generated contract, ``lmserve.v1``. Nothing else in ``rescoring`` imports this m
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -119,6 +124,24 @@ class LMServeClient:
         )
         return self.stub.ScoreNextWords(request, timeout=self.timeout)
 
+    def score_next_words_batch(
+        self,
+        items: Iterable[tuple[bytes | str, Sequence[str]]],
+        model: str = "",
+        cache_states: bool = False,
+        scores_only: bool = False,
+        release: Sequence[str] = (),
+    ):
+        """One beam step (ScoreNextWordsBatch): ``items`` are (state, candidates), a state being a token (bytes; b""
+        starts a sentence) or a cached state's id (str); ``release``: cached ids no longer needed."""
+        request = next_words_batch_request(items, model, cache_states, scores_only, release)
+        return self.stub.ScoreNextWordsBatch(request, timeout=self.timeout)
+
+    def stream_next_words(self, timeout: float | None = None) -> NextWordsStream:
+        """A StreamNextWords stream (one per utterance, say); ``timeout``: the whole stream's deadline (default
+        none: a stream lasts as long as its decoder needs)."""
+        return NextWordsStream(self, timeout)
+
     def list_models(self):
         return self.stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
 
@@ -135,6 +158,67 @@ class LMServeClient:
         stub = health_pb2_grpc.HealthStub(self.channel)
         response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+
+def next_words_batch_request(
+    items: Iterable[tuple[bytes | str, Sequence[str]]],
+    model: str = "",
+    cache_states: bool = False,
+    scores_only: bool = False,
+    release: Sequence[str] = (),
+) -> pb.ScoreNextWordsBatchRequest:
+    request = pb.ScoreNextWordsBatchRequest(
+        model=model, cache_states=cache_states, scores_only=scores_only, release_state_ids=release
+    )
+    for state, candidates in items:
+        item = request.items.add(candidates=candidates)
+        if isinstance(state, str):
+            item.state_id = state
+        else:
+            item.state = state
+    return request
+
+
+class NextWordsStream:
+    """One StreamNextWords stream: :meth:`step` sends a request and waits for its answer (the stream keeps one
+    server and one connection for all of a decoder's steps). An error ends the stream: :meth:`step` raises the
+    ``grpc.RpcError`` with the server's status code, and later steps raise it again."""
+
+    def __init__(self, client: LMServeClient, timeout: float | None = None):
+        self.client = client
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.responses = client.stub.StreamNextWords(iter(self.requests.get, None), timeout=timeout)
+        self.closed = False
+
+    def step(
+        self,
+        items: Iterable[tuple[bytes | str, Sequence[str]]],
+        model: str = "",
+        cache_states: bool = False,
+        scores_only: bool = False,
+        release: Sequence[str] = (),
+    ):
+        if self.closed:
+            raise ValueError("the stream is closed")
+        self.requests.put(next_words_batch_request(items, model, cache_states, scores_only, release))
+        return next(self.responses)
+
+    def close(self) -> None:
+        """End the stream (the server ends its side when the requests end)."""
+        if not self.closed:
+            self.closed = True
+            self.requests.put(None)
+            try:
+                for _ in self.responses:
+                    pass
+            except grpc.RpcError:
+                pass
+
+    def __enter__(self) -> NextWordsStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _lists(lists: Iterable[NBestEntry | pb.HypothesisList]) -> list[pb.HypothesisList]:

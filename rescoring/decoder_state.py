@@ -40,6 +40,18 @@ _CRC = struct.Struct("<I")
 class StateError(ValueError):
     """A state token that this model cannot continue from; the message says why."""
 
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class OtherModelState(StateError):
+    """A state token made by another model: ``args`` are the message and that model's fingerprint (hex of its first
+    bytes), so that a server can tell a state of a model it has since reloaded from a state of a stranger."""
+
+    @property
+    def fingerprint(self) -> str:
+        return self.args[1]
+
 
 @dataclass
 class DecoderState:
@@ -77,9 +89,10 @@ def decode(token: bytes, fingerprint: bytes, layers: int, hidden: int, vocab_siz
     if version != VERSION:
         raise StateError(f"state: version {version}, this server reads version {VERSION}")
     if mark != fingerprint[:FINGERPRINT_BYTES]:
-        raise StateError(
+        raise OtherModelState(
             f"state: made by another model (fingerprint {mark.hex()}, this model's is "
-            f"{fingerprint[:FINGERPRINT_BYTES].hex()}); continue a sentence with the model that started it"
+            f"{fingerprint[:FINGERPRINT_BYTES].hex()}); continue a sentence with the model that started it",
+            mark.hex(),
         )
     if flags & ~HAS_NGRAM_CONTEXT:
         raise StateError(f"state: unknown flags {flags:#04x}")

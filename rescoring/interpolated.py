@@ -45,11 +45,27 @@ class NextWord:
     interpolated: float | None
     oov: bool  # not in the neural vocabulary: scored as <unk>
     state: bytes  # the state after this word; b"" when states were not asked for
+    after: DecoderState | None = None  # the same state as an object (next_words_batch with tokens=False)
 
     @property
     def logprob(self) -> float:
         """The model's score of the word: interpolated when there is an n-gram and a λ, else neural."""
         return self.interpolated if self.interpolated is not None else self.neural
+
+
+@dataclass
+class Step:
+    """One item of :meth:`InterpolatedLM.next_words_batch`: a decoder state (a token, b"" for a sentence start, or
+    a :class:`DecoderState` object) and the candidate words after it. ``states``: "tokens" (each word's new state as
+    a token), "objects" (as a ``DecoderState``: no encoding, for callers in this process or a state cache) or "none"
+    (scores only, e.g. a lexicon's unigram scores from the start state)."""
+
+    state: bytes | DecoderState
+    candidates: Sequence[str]
+    states: str = "tokens"
+
+
+STEP_STATES = ("tokens", "objects", "none")
 
 
 class InterpolatedLM:
@@ -93,6 +109,97 @@ class InterpolatedLM:
         if self.ngram is None:
             state.ngram_context = None
         return state
+
+    def check_candidates(self, candidates: Sequence[str], where: str = "candidates") -> None:
+        bos = self.scorer.bundle.tokens[BOS]
+        if not candidates:
+            raise ValueError(f"{where}: empty; give at least one candidate word")
+        for i, word in enumerate(candidates):
+            if not word or word != word.strip() or len(word.split()) != 1:
+                raise ValueError(f"{where}[{i}] = {word!r}: expected one token, without spaces")
+            if word == bos:
+                raise ValueError(f"{where}[{i}] is {word!r}: sentences start from the empty state")
+
+    def next_words_batch(self, steps: Sequence[Step]) -> list[list[NextWord]]:
+        """:meth:`next_words` with candidates for many decoder states at once (the hypotheses of a beam, of several
+        decoders): one run of the ``step`` graph for all of them (an open-vocabulary model: one per piece depth),
+        candidates padded to the longest list. Each item's words are scored exactly as :meth:`next_words` would
+        score them alone (the batched graph agrees to float precision); errors name the item (``items[i]``)."""
+        scorer = self.scorer
+        states = []
+        for i, step in enumerate(steps):
+            if step.states not in STEP_STATES:
+                raise ValueError(f"items[{i}].states = {step.states!r}: expected one of {list(STEP_STATES)}")
+            self.check_candidates(step.candidates, f"items[{i}].candidates")
+            try:
+                states.append(step.state if isinstance(step.state, DecoderState) else self.read_state(step.state))
+            except StateError as e:
+                raise type(e)(f"items[{i}].{e.args[0]}", *e.args[1:]) from None
+        if not steps:
+            return []
+        prev = np.array([s.prev_id for s in states], dtype=np.int64)
+        h = np.stack([s.h for s in states], axis=1)
+        c = np.stack([s.c for s in states], axis=1)
+        words = [list(step.candidates) for step in steps]
+        if scorer.pieces is not None:
+            spelled = [[scorer.pieces.spell(w) for w in item] for item in words]
+            results = scorer.score_continuations_batch(prev, h, c, spelled)
+        else:
+            widest = max(len(item) for item in words)
+            ids = np.full((len(steps), widest), UNK, dtype=np.int64)
+            for b, item in enumerate(words):
+                ids[b, : len(item)] = [scorer.index.get(w, UNK) for w in item]
+            logprobs, h_out, c_out = scorer.next_word_scores(prev, h, c, ids)
+            results = []
+            for b, item in enumerate(words):
+                # a copy per state: a state kept (in a cache) must not hold the whole batch's array alive
+                h_b, c_b = h_out[:, b].copy(), c_out[:, b].copy()
+                k = len(item)
+                results.append(
+                    (
+                        logprobs[b, :k].astype(np.float64),
+                        ids[b, :k],
+                        np.broadcast_to(h_b[:, None], (h_b.shape[0], k, h_b.shape[1])),
+                        np.broadcast_to(c_b[:, None], (c_b.shape[0], k, c_b.shape[1])),
+                    )
+                )
+        return [
+            self._words_after(state, item, *result, step.states)
+            for state, item, result, step in zip(states, words, results, steps, strict=True)
+        ]
+
+    def _words_after(self, state: DecoderState, words, neural, ids, h_after, c_after, states: str) -> list[NextWord]:
+        """The NextWords of one state's candidates from their neural scores, last token ids and the states before
+        those tokens (``[L, K, H]``): the n-gram's scores and contexts added, the interpolation, the new states."""
+        ngram_words = in_vocabulary(words, self.scorer.known_words)
+        ngram_state = ngram = interpolated = None
+        if self.ngram is not None:
+            ngram_state = self.ngram.state_from_context(list(state.ngram_context))
+            ngram = self.ngram.next_word_logprobs(ngram_state, ngram_words)
+            if self.lam is not None:
+                interpolated = np.logaddexp(np.log(self.lam) + neural, np.log1p(-self.lam) + ngram)
+        out = []
+        for k, word in enumerate(words):
+            token_out, after = b"", None
+            if states != "none":
+                context = None
+                if ngram_state is not None:
+                    context = tuple(self.ngram.context_words(self.ngram.step(ngram_state, ngram_words[k])[1]))
+                after = DecoderState(int(ids[k]), h_after[:, k], c_after[:, k], context)
+                if states == "tokens":
+                    token_out, after = decoder_state.encode(after, self.fingerprint), None
+            out.append(
+                NextWord(
+                    word,
+                    float(neural[k]),
+                    None if ngram is None else float(ngram[k]),
+                    None if interpolated is None else float(interpolated[k]),
+                    word not in self.scorer.known_words,
+                    token_out,
+                    after,
+                )
+            )
+        return out
 
     def next_words(
         self, token: bytes, candidates: Sequence[str] | None = None, top_k: int = 0, states: bool = True

@@ -264,25 +264,36 @@ class Scorer:
         sequence's tokens in turn (a candidate word's pieces). Sequences share the steps of their common prefixes:
         one ``step`` run per depth. Returns each sequence's summed score [K] (float64), its last token [K] and the
         state before that token (``h``, ``c`` [L, K, H]): what a decoder state after the sequence holds."""
-        token, parent, child = [prev_id], [-1], {}
-        ends = []
-        for sequence in sequences:
-            node = 0
-            for t in sequence:
-                if (node, t) not in child:
-                    child[node, t] = len(token)
-                    token.append(int(t))
-                    parent.append(node)
-                node = child[node, t]
-            ends.append(node)
+        return self.score_continuations_batch(np.array([prev_id]), h[:, None], c[:, None], [sequences])[0]
+
+    def score_continuations_batch(
+        self, prev_ids: np.ndarray, h: np.ndarray, c: np.ndarray, sequences: Sequence[Sequence[Sequence[int]]]
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """:meth:`score_continuations` for B decoder states at once (``prev_ids`` [B], ``h``, ``c`` [L, B, H],
+        ``sequences[b]`` the sequences after state b): one prefix tree per state, all trees advancing together, so
+        a depth costs one ``step`` run whatever the number of states. Returns one tuple per state."""
+        token, parent, child = [int(i) for i in prev_ids], [-(b + 1) for b in range(len(prev_ids))], {}
+        ends: list[list[int]] = []
+        for root, item in enumerate(sequences):
+            ends.append([])
+            for sequence in item:
+                node = root
+                for t in sequence:
+                    if (node, t) not in child:
+                        child[node, t] = len(token)
+                        token.append(int(t))
+                        parent.append(node)
+                    node = child[node, t]
+                ends[-1].append(node)
         token, parent = np.array(token, dtype=np.int64), np.array(parent)
+        roots = len(prev_ids)
         depth = np.zeros(len(token), dtype=np.int64)
-        for i in range(1, len(token)):  # parents come before their children
+        for i in range(roots, len(token)):  # parents come before their children
             depth[i] = depth[parent[i]] + 1
         total = np.zeros(len(token))
         after_h = np.zeros((self.layers, len(token), self.state_size), dtype=np.float32)  # state after reading node i
         after_c = np.zeros_like(after_h)
-        kids_all = np.arange(1, len(token))
+        kids_all = np.arange(roots, len(token))
         for d in range(int(depth.max())):
             kids = kids_all[depth[kids_all] == d + 1]
             kids = kids[np.argsort(parent[kids], kind="stable")]
@@ -291,16 +302,19 @@ class Scorer:
             rank = np.arange(len(kids)) - np.searchsorted(row, row)  # position among its siblings
             candidates = np.zeros((len(steppers), rank.max() + 1), dtype=np.int64)
             candidates[row, rank] = token[kids]
-            if d == 0:
-                h_in, c_in = h[:, None], c[:, None]
+            if d == 0:  # the roots: node b is state b
+                h_in, c_in = h[:, steppers], c[:, steppers]
             else:
                 h_in, c_in = after_h[:, parent[steppers]], after_c[:, parent[steppers]]
             scores, h_out, c_out = self.next_word_scores(token[steppers], h_in, c_in, candidates)
             after_h[:, steppers], after_c[:, steppers] = h_out, c_out
             total[kids] = total[parent[kids]] + scores[row, rank]
-        ends = np.array(ends, dtype=np.int64)
-        before = parent[ends]
-        return total[ends], token[ends], after_h[:, before], after_c[:, before]
+        out = []
+        for item_ends in ends:
+            item_ends = np.array(item_ends, dtype=np.int64)
+            before = parent[item_ends]
+            out.append((total[item_ends], token[item_ends], after_h[:, before], after_c[:, before]))
+        return out
 
     # -- hypothesis lists with shared prefixes ------------------------------------------------------------------
 

@@ -57,7 +57,7 @@ class LMServer:
         if self.metrics:
             self.metrics.generation.set(models.generation)
         self.servicer = LMServicer(
-            models, config.limits, self.pool, workers, config.batching, self.metrics, self.engine
+            models, config.limits, self.pool, workers, config.batching, self.metrics, self.engine, config.state_cache
         )
         self.reloader = Reloader(config.path, self.servicer, self.metrics)
         handlers = [self.servicer.generic_handler()]
@@ -108,6 +108,7 @@ class LMServer:
         tls = "off" if self.config.tls is None else "mutual" if self.config.tls.client_ca else "server"
         fields = {"host": host, "port": self.port, "pid": os.getpid(), "models": list(self.models.models), "tls": tls}
         fields["batching"] = dataclasses.asdict(self.config.batching)
+        fields["state_cache"] = dataclasses.asdict(self.config.state_cache)
         log.info("listening", extra={"fields": fields})
         return self.port
 

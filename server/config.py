@@ -20,13 +20,18 @@
                                   # lm-rescore applies offline too)
     max_lists = 500               # RescoreNBest/KBest: lists per request
     max_hypotheses = 20000        # RescoreNBest/KBest: hypotheses per request, all lists together
-    max_candidates = 1000         # ScoreNextWords: candidates, or top_k
+    max_candidates = 1000         # ScoreNextWords: candidates, or top_k; ScoreNextWordsBatch: candidates per item
+    max_items = 1024              # ScoreNextWordsBatch and StreamNextWords: items (states) per request
     max_message_bytes = 16777216  # any request or response
 
     [batching]                    # concurrent calls of one model merged into one scorer call (ScoreSentences, and the
     enabled = true                # LM scores of RescoreNBest/KBest); false: every call scores alone
     max_batch_tokens = 16384      # words + </s> of all sentences or hypotheses in one batch (a bigger call runs alone)
     max_wait_ms = 10.0            # how long a free worker waits for company while the model is busy (idle: no wait)
+
+    [state_cache]                 # decoder states kept on the server for clients that ask (cache_states): ids, not
+    max_mb = 64.0                 # tokens, travel; at most this many MB of states (least recently used evicted
+    ttl_seconds = 60.0            # first), each dropped after this long unused; max_mb = 0: no cache
 
     [tls]                         # optional; without it the port is plaintext (and on loopback by default)
     cert = "tls/server.pem"       # PEM certificate chain of the server
@@ -68,6 +73,7 @@ class Limits:
     max_lists: int = 500
     max_hypotheses: int = 20000
     max_candidates: int = 1000
+    max_items: int = 1024
     max_message_bytes: int = 16 * 1024 * 1024
 
 
@@ -90,6 +96,12 @@ class Batching:
     enabled: bool = True
     max_batch_tokens: int = 16384
     max_wait_ms: float = 10.0
+
+
+@dataclass
+class StateCacheSettings:
+    max_mb: float = 64.0
+    ttl_seconds: float = 60.0
 
 
 @dataclass
@@ -118,6 +130,7 @@ class Config:
     models: dict[str, ModelConfig]
     batching: Batching = field(default_factory=Batching)
     tls: Tls | None = None
+    state_cache: StateCacheSettings = field(default_factory=StateCacheSettings)
 
     @property
     def default_model(self) -> str:
@@ -132,7 +145,7 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(f"{path}: cannot read the config ({e.strerror})") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    _only(data, {"server", "limits", "batching", "tls", "models"}, path, "")
+    _only(data, {"server", "limits", "batching", "tls", "models", "state_cache"}, path, "")
     server = _section(ServerSettings, data.get("server", {}), path, "server")
     limits = _section(Limits, data.get("limits", {}), path, "limits")
     batching = _section(Batching, data.get("batching", {}), path, "batching")
@@ -140,6 +153,12 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(
             f"{path}: batching.max_batch_tokens = {batching.max_batch_tokens}, batching.max_wait_ms = "
             f"{batching.max_wait_ms}: expected at least 1 token and a wait of 0 ms or more"
+        )
+    state_cache = _section(StateCacheSettings, data.get("state_cache", {}), path, "state_cache")
+    if state_cache.max_mb < 0 or state_cache.ttl_seconds <= 0:
+        raise ConfigError(
+            f"{path}: state_cache.max_mb = {state_cache.max_mb}, state_cache.ttl_seconds = {state_cache.ttl_seconds}: "
+            "expected 0 MB (no cache) or more and a ttl above 0 s"
         )
     for name, least in (("workers", 1), ("scorer_threads", 1), ("max_concurrent_calls", 1), ("port", 0)):
         if getattr(server, name) < least:
@@ -158,7 +177,7 @@ def load_config(path: str | Path) -> Config:
     if server.default_model and server.default_model not in models:
         raise ConfigError(f"{path}: server.default_model = {server.default_model!r} is not one of {sorted(models)}")
     tls = None if "tls" not in data else _tls(data["tls"], path)
-    return Config(path, server, limits, models, batching, tls)
+    return Config(path, server, limits, models, batching, tls, state_cache)
 
 
 def _tls(table: object, path: Path) -> Tls:

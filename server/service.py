@@ -10,7 +10,13 @@ them). Sentence scores and the LM scores of lists go through the micro-batchers 
 stops within one chunk instead of scoring to the end.
 
 The model set is read once per call (``self.models``): a reload swaps the attribute, and a call goes on with the
-models it started with.
+models it started with. The servicer remembers the bundle fingerprints of the models it served before, so that a
+decoder state of a model since reloaded with another bundle is refused as such (FAILED_PRECONDITION: restart the
+sentence), not as a stranger's.
+
+Decoder steps: ScoreNextWordsBatch and each request of a StreamNextWords stream go through the ``steps`` batcher,
+so that the beam steps of concurrent decoders run as one LSTM step; states travel as tokens, or stay in the state
+cache (``server.state_cache``) and travel as ids.
 """
 
 from __future__ import annotations
@@ -27,16 +33,19 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from lmserve.rescoring import lmscores
+from lmserve.rescoring.decoder_state import OtherModelState
 from lmserve.rescoring.features import check_features, parse_definition
+from lmserve.rescoring.interpolated import NextWord, Step
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.rescore import Setup, report, reranked
 from lmserve.rescoring.words import words as words_of
 from lmserve.server import messages
 from lmserve.server.batching import Batcher, Expired
-from lmserve.server.config import Batching, Limits
+from lmserve.server.config import Batching, Limits, StateCacheSettings
 from lmserve.server.logs import LOGGER
 from lmserve.server.metrics import Metrics
 from lmserve.server.models import ModelSet, ServedModel, UnknownModel
+from lmserve.server.state_cache import StateCache, StateIdError
 from lmserve.v1 import lmserve_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["LMService"]
@@ -69,6 +78,10 @@ def score_sentences(model: ServedModel, sentences: list[str]) -> list:
     return model.lm.score(sentences)
 
 
+def score_steps(model: ServedModel, steps: list[Step]) -> list[list[NextWord]]:
+    return model.lm.next_words_batch(steps)
+
+
 def score_lists(model: ServedModel, lists: list[tuple[list[str], float | None]]) -> list[lmscores.LMSums]:
     """The LM features of every hypothesis of each (texts, λ) list: one engine call for all the lists, and their
     sums over tokens (interp at the list's λ) taken here, for all the lists at once, so that what comes back from a
@@ -89,10 +102,12 @@ class LMServicer:
         batching: Batching,
         metrics: Metrics | None = None,
         engine: Executor | None = None,
+        state_cache: StateCacheSettings | None = None,
     ):
         """``pool``: threads for the work of single calls (next-word steps, reranking with a bootstrap);
         ``engine``: where the batchers' scorer calls run (``server.engine``), by default the same threads;
-        ``workers``: how many run at once."""
+        ``workers``: how many run at once; ``state_cache``: its settings (None or max_mb 0: no cache)."""
+        self.retired: dict[str, dict[str, int]] = {}  # model name -> fingerprint (hex, 8 bytes) -> last generation
         self.models = models
         self.limits = limits
         self.pool = pool
@@ -115,10 +130,27 @@ class LMServicer:
 
         self.sentence_batcher = batcher("sentences", score_sentences)
         self.list_batcher = batcher("lists", score_lists)
+        self.step_batcher = batcher("steps", score_steps)
+        self.state_cache = None
+        if state_cache is not None and state_cache.max_mb > 0:
+            self.state_cache = StateCache(int(state_cache.max_mb * 2**20), state_cache.ttl_seconds)
         self.active = 0  # calls being handled; a drain waits for them, not for health watches or reflection
         self.stopping = False  # set by the server's shutdown: failures of calls cut short then are no bugs
         self.idle = asyncio.Event()
         self.idle.set()
+
+    @property
+    def models(self) -> ModelSet:
+        return self._models
+
+    @models.setter
+    def models(self, models: ModelSet) -> None:
+        """Swap the model set (a reload), remembering the fingerprints of the models it replaces."""
+        old = getattr(self, "_models", None)
+        if old is not None:
+            for name, model in old.models.items():
+                self.retired.setdefault(name, {})[model.lm.fingerprint[:8].hex()] = old.generation
+        self._models = models
 
     def generic_handler(self, service=SERVICE, target: object = None) -> grpc.GenericRpcHandler:
         """Every method of ``service`` (implemented by ``target``, by default this servicer), each taking the request
@@ -127,6 +159,13 @@ class LMServicer:
         handlers = {}
         for method in service.methods:
             request_class = getattr(pb, method.input_type.name)
+            if method.client_streaming and method.server_streaming:
+                handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                    self.stream_handler(method.name, request_class, getattr(target, method.name)),
+                    request_deserializer=None,
+                    response_serializer=None,
+                )
+                continue
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 self.handler(method.name, request_class, getattr(target, method.name)),
                 request_deserializer=None,
@@ -155,29 +194,75 @@ class LMServicer:
                 if "model" in request.DESCRIPTOR.fields_by_name:
                     fields["model"] = request.model or self.models.default
                 response = await behaviour(request, context, fields)
-            except RequestError as e:
-                error = e
-            except UnknownModel as e:
-                error = RequestError(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
-            except Expired as e:
-                error = RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
-            except ValueError as e:  # the engine's checks of its input name the field and what was expected
-                error = invalid(str(e))
             except asyncio.CancelledError:
                 self.done(fields, "CANCELLED", start)
                 raise
             except Exception as e:
-                if self.stopping:  # the scoring pool was shut down under a call past the grace period: no bug
-                    error = RequestError(grpc.StatusCode.UNAVAILABLE, f"{name}: the server is stopping ({e})")
-                else:
-                    log.exception("internal error", extra={"fields": fields})
-                    error = RequestError(
-                        grpc.StatusCode.INTERNAL, f"{name}: internal error (the server log has details)"
-                    )
+                error = self.request_error(e, name, fields)
             else:
                 data = response.SerializeToString()
                 self.done(fields, "OK", start, response_bytes=len(data))
                 return data
+            self.done(fields, error.code.name, start, error=error.message)
+            await context.abort(error.code, error.message)
+
+        return call
+
+    def request_error(self, e: Exception, name: str, fields: dict) -> RequestError:
+        """The status code and message a failed call ends with."""
+        if isinstance(e, RequestError):
+            return e
+        if isinstance(e, UnknownModel):
+            return RequestError(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
+        if isinstance(e, Expired):
+            return RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
+        if isinstance(e, ValueError):  # the engine's checks of its input name the field and what was expected
+            return invalid(str(e))
+        if self.stopping:  # the scoring pool was shut down under a call past the grace period: no bug
+            return RequestError(grpc.StatusCode.UNAVAILABLE, f"{name}: the server is stopping ({e})")
+        log.exception("internal error", extra={"fields": fields}, exc_info=e)
+        return RequestError(grpc.StatusCode.INTERNAL, f"{name}: internal error (the server log has details)")
+
+    def stream_handler(self, name: str, request_class, behaviour: Callable):
+        """A bidirectional stream: each request is answered by ``behaviour(request, context, fields)`` in turn, in
+        order. One log line (and one count in the metrics) per stream, with its steps and tokens; an error ends the
+        stream with its status code, as it would end a unary call."""
+
+        async def call(requests, context: grpc.aio.ServicerContext):
+            start = time.perf_counter()
+            fields = {"method": name, "peer": context.peer(), "request_bytes": 0, "response_bytes": 0, "steps": 0}
+            fields["tokens"] = 0
+            log.debug("stream started", extra={"fields": fields})
+            self.active += 1
+            self.idle.clear()
+            if self.metrics:
+                self.metrics.in_flight.inc()
+            try:
+                async for raw in requests:
+                    fields["request_bytes"] += len(raw)
+                    try:
+                        request = request_class.FromString(raw)
+                    except DecodeError as e:
+                        raise invalid(
+                            f"request {fields['steps']}: not a valid {request_class.DESCRIPTOR.full_name} ({e}); "
+                            "text fields must be valid UTF-8"
+                        ) from None
+                    fields["model"] = request.model or self.models.default
+                    step = {}
+                    response = await behaviour(request, context, step)
+                    data = response.SerializeToString()
+                    fields["steps"] += 1
+                    fields["tokens"] += step.get("tokens", 0)
+                    fields["response_bytes"] += len(data)
+                    yield data
+            except asyncio.CancelledError:
+                self.done(fields, "CANCELLED", start)
+                raise
+            except Exception as e:
+                error = self.request_error(e, name, fields)
+            else:
+                self.done(fields, "OK", start)
+                return
             self.done(fields, error.code.name, start, error=error.message)
             await context.abort(error.code, error.message)
 
@@ -260,15 +345,110 @@ class LMServicer:
         if request.top_k > limit:
             raise too_many("top_k", request.top_k, limit, "ask for fewer words")
         candidates = list(request.candidates) or None
-        words = await self.run(
-            context, model.lm.next_words, request.state, candidates, request.top_k, not request.all_words
-        )
+        try:
+            words = await self.run(
+                context, model.lm.next_words, request.state, candidates, request.top_k, not request.all_words
+            )
+        except OtherModelState as e:
+            raise self.other_model_state(model, e, e.fingerprint) from None
         fields["tokens"] = len(words)
         return pb.ScoreNextWordsResponse(
             model=model.name,
             normalisation=messages.normalisation(model),
             words=[messages.next_word(w) for w in words],
         )
+
+    async def ScoreNextWordsBatch(
+        self, request: pb.ScoreNextWordsBatchRequest, context, fields
+    ) -> pb.ScoreNextWordsBatchResponse:
+        return await self.next_words_step(request, context, fields)
+
+    async def StreamNextWords(
+        self, request: pb.ScoreNextWordsBatchRequest, context, fields
+    ) -> pb.ScoreNextWordsBatchResponse:
+        """One request of the stream (``stream_handler`` runs the stream)."""
+        return await self.next_words_step(request, context, fields)
+
+    async def next_words_step(
+        self, request: pb.ScoreNextWordsBatchRequest, context, fields
+    ) -> pb.ScoreNextWordsBatchResponse:
+        """One beam step: the items checked, cached states looked up, all items scored in one engine call (merged
+        with concurrent callers' steps by the ``steps`` batcher), new states cached when asked."""
+        model = self.models.get(request.model)
+        items, cache = request.items, self.state_cache
+        if not items:
+            raise invalid("items: empty; give at least one item (a state and its candidates)")
+        if len(items) > self.limits.max_items:
+            raise too_many("items", len(items), self.limits.max_items)
+        if request.cache_states and request.scores_only:
+            raise invalid("cache_states and scores_only: give at most one (scores_only returns no states)")
+        needs_cache = request.cache_states or any(item.state_id for item in items)
+        if needs_cache and cache is None:
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this server has no state cache ([state_cache] max_mb = 0): send and receive state tokens",
+            )
+        if cache is not None and request.release_state_ids:
+            cache.release(request.release_state_ids)
+        mode = "none" if request.scores_only else "objects" if request.cache_states else "tokens"
+        limit = self.limits.max_candidates
+        steps = []
+        for i, item in enumerate(items):
+            if len(item.candidates) > limit:
+                raise too_many(f"items[{i}].candidates", len(item.candidates), limit, "split the item")
+            if item.state and item.state_id:
+                raise invalid(f"items[{i}]: give state or state_id, not both")
+            state = item.state
+            if item.state_id:
+                try:
+                    entry = cache.get(item.state_id)
+                except StateIdError as e:
+                    raise RequestError(grpc.StatusCode.NOT_FOUND, f"items[{i}].{e}") from None
+                if entry.model != model.name:
+                    raise invalid(
+                        f"items[{i}].state_id {item.state_id!r}: a state of model {entry.model!r}, this call names "
+                        f"{model.name!r}; continue a sentence with the model that started it"
+                    )
+                if entry.fingerprint != model.lm.fingerprint:
+                    raise self.other_model_state(model, None, entry.fingerprint[:8].hex(), f"items[{i}].state_id")
+                state = entry.state
+            steps.append(Step(state, list(item.candidates), mode))
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before the work was done")
+        try:
+            results = await self.step_batcher.submit(model, steps, len(steps), remaining)
+        except OtherModelState as e:
+            raise self.other_model_state(model, e, e.fingerprint) from None
+        response = pb.ScoreNextWordsBatchResponse(model=model.name, normalisation=messages.normalisation(model))
+        for words in results:
+            out = response.items.add()
+            for word in words:
+                message = messages.next_word(word)
+                if word.after is not None:
+                    message.state_id = cache.put(model.name, model.lm.fingerprint, word.after)
+                out.words.append(message)
+        fields["tokens"] = sum(len(words) for words in results)
+        fields["items"] = len(steps)
+        return response
+
+    def other_model_state(
+        self, model: ServedModel, error: OtherModelState | None, fingerprint: str, where: str = ""
+    ) -> RequestError:
+        """A state that ``model`` cannot continue from because another bundle made it: FAILED_PRECONDITION when it
+        is a state of this model before a reload changed its bundle, else INVALID_ARGUMENT (another model's)."""
+        generation = self.retired.get(model.name, {}).get(fingerprint)
+        if generation is not None:
+            where = where or (str(error).split(":", 1)[0] if error is not None else "state")
+            return RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{where}: a state of model {model.name!r} as served before a reload (generation {generation}, "
+                f"fingerprint {fingerprint}); the model's bundle has changed since (fingerprint "
+                f"{model.lm.fingerprint[:8].hex()}), so the state cannot continue: restart the sentence",
+            )
+        if error is not None:
+            return invalid(str(error))
+        return invalid(f"{where}: made by another model (fingerprint {fingerprint})")
 
     async def RescoreNBest(self, request: pb.RescoreNBestRequest, context, fields) -> pb.RescoreNBestResponse:
         return pb.RescoreNBestResponse(result=await self.rescore(request, context, fields, "wer"))

@@ -15,7 +15,7 @@ from conftest import make_sentences, sentence_batch, tiny_config_text, write_cor
 
 from lmserve.rescoring.bundle import Bundle, BundleError
 from lmserve.rescoring.client import LMServeClient
-from lmserve.rescoring.interpolated import InterpolatedLM
+from lmserve.rescoring.interpolated import InterpolatedLM, Step
 from lmserve.rescoring.ngram import NgramLM, build_ngram
 from lmserve.rescoring.scorer import EOS, Scorer
 from lmserve.server.process import ServerProcess
@@ -240,6 +240,20 @@ def test_candidate_scores_are_the_step_graph_piece_by_piece(scorer):
         prev = piece
     total, last, _, _ = scorer.score_continuations(1, *(x[:, 0] for x in scorer.zero_state(1)), [pieces, (EOS,)])
     assert total[0] == pytest.approx(want, abs=1e-5) and last.tolist() == [pieces[-1], EOS]
+
+
+def test_batched_steps_score_multi_piece_words_as_single_steps(scorer, ngram):
+    """next_words_batch: the prefix trees of several states advance together, one step run per piece depth."""
+    lm = InterpolatedLM(scorer, ngram, 0.4)
+    first = lm.next_words(b"", ["rewalking", "sing"])
+    items = [(b"", ["unjumped", "unjumping", "</s>"]), (first[0].state, ["talkers"]), (first[1].state, ["日", "sing"])]
+    batched = lm.next_words_batch([Step(state, words) for state, words in items])
+    for (state, words), got in zip(items, batched, strict=True):
+        for a, b in zip(got, lm.next_words(state, words), strict=True):
+            assert a.word == b.word and a.neural == pytest.approx(b.neural, abs=1e-5)
+            assert a.interpolated == pytest.approx(b.interpolated, abs=1e-5)
+            after_a, after_b = (lm.next_words(x.state, ["</s>"])[0].neural for x in (a, b))
+            assert after_a == pytest.approx(after_b, abs=1e-5)
 
 
 def test_serving_a_subword_model(run, ngram):

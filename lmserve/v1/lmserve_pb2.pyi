@@ -244,7 +244,7 @@ class ScoreNextWordsResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., normalisation: _Optional[_Union[Normalisation, str]] = ..., words: _Optional[_Iterable[_Union[NextWord, _Mapping]]] = ...) -> None: ...
 
 class NextWord(_message.Message):
-    __slots__ = ("word", "logprob", "neural", "ngram", "interpolated", "oov", "state")
+    __slots__ = ("word", "logprob", "neural", "ngram", "interpolated", "oov", "state", "state_id")
     WORD_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     NEURAL_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +252,7 @@ class NextWord(_message.Message):
     INTERPOLATED_FIELD_NUMBER: _ClassVar[int]
     OOV_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_ID_FIELD_NUMBER: _ClassVar[int]
     word: str
     logprob: float
     neural: float
@@ -259,7 +260,48 @@ class NextWord(_message.Message):
     interpolated: float
     oov: bool
     state: bytes
-    def __init__(self, word: _Optional[str] = ..., logprob: _Optional[float] = ..., neural: _Optional[float] = ..., ngram: _Optional[float] = ..., interpolated: _Optional[float] = ..., oov: _Optional[bool] = ..., state: _Optional[bytes] = ...) -> None: ...
+    state_id: str
+    def __init__(self, word: _Optional[str] = ..., logprob: _Optional[float] = ..., neural: _Optional[float] = ..., ngram: _Optional[float] = ..., interpolated: _Optional[float] = ..., oov: _Optional[bool] = ..., state: _Optional[bytes] = ..., state_id: _Optional[str] = ...) -> None: ...
+
+class ScoreNextWordsBatchRequest(_message.Message):
+    __slots__ = ("model", "items", "cache_states", "scores_only", "release_state_ids")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_STATES_FIELD_NUMBER: _ClassVar[int]
+    SCORES_ONLY_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_STATE_IDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    items: _containers.RepeatedCompositeFieldContainer[NextWordsItem]
+    cache_states: bool
+    scores_only: bool
+    release_state_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[NextWordsItem, _Mapping]]] = ..., cache_states: _Optional[bool] = ..., scores_only: _Optional[bool] = ..., release_state_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NextWordsItem(_message.Message):
+    __slots__ = ("state", "state_id", "candidates")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_ID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    state: bytes
+    state_id: str
+    candidates: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[bytes] = ..., state_id: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ScoreNextWordsBatchResponse(_message.Message):
+    __slots__ = ("model", "normalisation", "items")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NORMALISATION_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    normalisation: Normalisation
+    items: _containers.RepeatedCompositeFieldContainer[NextWords]
+    def __init__(self, model: _Optional[str] = ..., normalisation: _Optional[_Union[Normalisation, str]] = ..., items: _Optional[_Iterable[_Union[NextWords, _Mapping]]] = ...) -> None: ...
+
+class NextWords(_message.Message):
+    __slots__ = ("words",)
+    WORDS_FIELD_NUMBER: _ClassVar[int]
+    words: _containers.RepeatedCompositeFieldContainer[NextWord]
+    def __init__(self, words: _Optional[_Iterable[_Union[NextWord, _Mapping]]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -54,6 +54,16 @@ class LMServiceStub:
                 request_serializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsRequest.SerializeToString,
                 response_deserializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsResponse.FromString,
                 _registered_method=True)
+        self.ScoreNextWordsBatch = channel.unary_unary(
+                '/lmserve.v1.LMService/ScoreNextWordsBatch',
+                request_serializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchRequest.SerializeToString,
+                response_deserializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchResponse.FromString,
+                _registered_method=True)
+        self.StreamNextWords = channel.stream_stream(
+                '/lmserve.v1.LMService/StreamNextWords',
+                request_serializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchRequest.SerializeToString,
+                response_deserializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/lmserve.v1.LMService/ListModels',
                 request_serializer=lmserve_dot_v1_dot_lmserve__pb2.ListModelsRequest.SerializeToString,
@@ -100,6 +110,23 @@ class LMServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScoreNextWordsBatch(self, request, context):
+        """One beam step: the candidates after many states (a beam's hypotheses) in one call, scored as one batched LSTM
+        step; the server also merges the steps of concurrent callers (micro-batching). Each item is scored exactly as
+        ScoreNextWords would score it alone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamNextWords(self, request_iterator, context):
+        """ScoreNextWordsBatch over one bidirectional stream, one response per request in order: a decoder keeps a stream
+        per utterance. An error ends the stream with its status code (the same codes as ScoreNextWordsBatch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModels(self, request, context):
         """The models this server holds (no manifests: see GetModelInfo).
         """
@@ -136,6 +163,16 @@ def add_LMServiceServicer_to_server(servicer, server):
                     servicer.ScoreNextWords,
                     request_deserializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsRequest.FromString,
                     response_serializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsResponse.SerializeToString,
+            ),
+            'ScoreNextWordsBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreNextWordsBatch,
+                    request_deserializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchRequest.FromString,
+                    response_serializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchResponse.SerializeToString,
+            ),
+            'StreamNextWords': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamNextWords,
+                    request_deserializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchRequest.FromString,
+                    response_serializer=lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -256,6 +293,60 @@ class LMService:
             '/lmserve.v1.LMService/ScoreNextWords',
             lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsRequest.SerializeToString,
             lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreNextWordsBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lmserve.v1.LMService/ScoreNextWordsBatch',
+            lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchRequest.SerializeToString,
+            lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamNextWords(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lmserve.v1.LMService/StreamNextWords',
+            lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchRequest.SerializeToString,
+            lmserve_dot_v1_dot_lmserve__pb2.ScoreNextWordsBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
