@@ -20,8 +20,9 @@ from lmserve.rescoring.bundle import Bundle
 from lmserve.rescoring.command import add_common_arguments, run_command
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.nbest import FORMATS, read_nbest
-from lmserve.rescoring.ngram import LN10, NgramError, build_ngram
+from lmserve.rescoring.ngram import LN10, NgramError, build_ngram, model_files
 from lmserve.rescoring.ngram_mix import load_ngram, tune_mixture
+from lmserve.rescoring.outputs import check_outputs
 from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
 
 
@@ -108,6 +109,8 @@ SCORE_KINDS = {
 
 
 def _ngram_build(args) -> int:
+    arpa, model_bin = model_files(args.out)
+    check_outputs({"--out": [arpa, None if args.no_binary else model_bin]}, {"--text": args.text, "--like": args.like})
     for path in args.text:
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no such text file")
@@ -129,6 +132,7 @@ def _ngram_build(args) -> int:
 def _ngram_install_tools(args) -> int:
     from lmserve.rescoring.kenlm_tools import install_tools
 
+    check_outputs({"--dest": args.dest}, {"--source": args.source}, folders={"--dest"})
     for path in install_tools(args.dest, args.source, args.jobs):
         print(path)
     print(f"lm-rescore ngram build finds them with LMSERVE_KENLM_BIN={Path(args.dest).resolve()}", file=sys.stderr)
@@ -139,6 +143,7 @@ def _ngram_mix(args) -> int:
     paths = args.ngram.split(",")
     if len(paths) < 2 or not all(paths):
         raise ValueError(f"--ngram {args.ngram}: expected two or more models, comma-separated (A.bin,B.bin)")
+    check_outputs({"--out": args.out}, {"--ngram": paths, "--heldout": args.heldout, "--like": args.like})
     for path in args.heldout:
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no such text file")
@@ -157,6 +162,7 @@ def _ngram_mix(args) -> int:
 
 def _references(args) -> int:
     """An n-best list's references as text to train or adapt an LM on, one per line, in the LM's own form."""
+    check_outputs({"--out": args.out}, {"LIST": args.list})
     nbest = read_nbest(args.list, args.format)
     normalizer = PRESETS[args.normalize or "none"]
     lines, without, empty = [], 0, 0

@@ -178,12 +178,10 @@ def build_ngram(
         raise ValueError(f"n-gram order must be at least 1, got {order}")
     if prune and (len(prune) > order or prune[0] != 0 or any(b < a for a, b in zip(prune, prune[1:], strict=False))):
         raise ValueError(f"prune {prune}: expected at most {order} counts, starting at 0 and never decreasing")
-    out = Path(out)
-    base = out.with_suffix("") if out.suffix in (".arpa", ".bin") else out
-    arpa, model_bin = base.with_name(base.name + ".arpa"), base.with_name(base.name + ".bin")
+    arpa, model_bin = model_files(out)
     lmplz = Path(lmplz) if lmplz else find_program("lmplz")
     build_binary = Path(build_binary) if build_binary else (find_program("build_binary") if binary else None)
-    base.parent.mkdir(parents=True, exist_ok=True)
+    arpa.parent.mkdir(parents=True, exist_ok=True)
 
     command = [str(lmplz), "-o", str(order), "-S", memory]
     if prune:
@@ -192,7 +190,7 @@ def build_ngram(
         command.append("--discount_fallback")
     # lmplz's sort files go beside the model, where the space is, in a folder of their own: lmplz leaves them
     # behind when it aborts
-    with tempfile.TemporaryDirectory(prefix=".lmplz-", dir=base.parent) as scratch:
+    with tempfile.TemporaryDirectory(prefix=".lmplz-", dir=arpa.parent) as scratch:
         counts = _run_lmplz([*command, "-T", scratch + os.sep], sentences, arpa)
     info = {"arpa": str(arpa), "binary": None, "order": order, "prune": prune, "discount_fallback": discount_fallback}
     info.update(counts)
@@ -201,6 +199,13 @@ def build_ngram(
             _run([str(build_binary), str(arpa), str(tmp)])
         info["binary"] = str(model_bin)
     return info
+
+
+def model_files(out: str | Path) -> tuple[Path, Path]:
+    """The ARPA and binary files :func:`build_ngram` writes for ``out`` (a name with or without .arpa or .bin)."""
+    out = Path(out)
+    base = out.with_suffix("") if out.suffix in (".arpa", ".bin") else out
+    return base.with_name(base.name + ".arpa"), base.with_name(base.name + ".bin")
 
 
 def _run_lmplz(command: list[str], sentences: Iterable[list[str]], arpa: Path) -> dict:

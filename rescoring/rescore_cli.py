@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from lmserve.rescoring import overlap
-from lmserve.rescoring.atomic import atomic_write_text, check_writable
+from lmserve.rescoring.atomic import atomic_write_text
 from lmserve.rescoring.features import check_features
 from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint, write_cache
 from lmserve.rescoring.nbest import (
@@ -49,6 +49,7 @@ from lmserve.rescoring.nbest import (
 )
 from lmserve.rescoring.nbest.checks import parse_defaults
 from lmserve.rescoring.ngram import NgramError
+from lmserve.rescoring.outputs import check_outputs
 from lmserve.rescoring.overlap import DEFAULT_N, WARN_SHARE
 from lmserve.rescoring.rescore import (
     LanguageModels,
@@ -69,7 +70,10 @@ from lmserve.rescoring.shards import (
     fingerprint,
     merge,
     merge_caches,
+    merged_format,
+    read_shards,
     renumbered,
+    shard_output,
     shard_record,
     write_report,
 )
@@ -293,6 +297,17 @@ def _language_models(args, saved: dict, weights: Path | None = None, setup: Setu
     return RemoteLanguageModels(client, model)
 
 
+def _read_paths(args, saved: dict | None = None) -> dict:
+    """What ``tune`` and ``nbest`` read, by the flag that names it (``rescoring.outputs``): the list (or the systems'
+    files and the source), references and models, and ``nbest``'s weights file with the models it names."""
+    given = {"--systems": args.systems, "--source": args.source} if args.systems else {"LIST": args.list}
+    given |= {"--references": args.references, "--lm": args.lm, "--ngram": args.ngram}
+    if saved is not None:
+        given["--weights"] = args.weights
+        given |= {f"--weights' setup.{name}": saved.get(name) for name in ("lm", "ngram") if not getattr(args, name)}
+    return given
+
+
 def _cache_path(args, shard: Shard | None = None) -> Path:
     name = args.list.name.split(".")[0] + ("" if shard is None else f".{shard.suffix}")
     return args.cache or args.out.with_name(f"{name}.lmscores.jsonl")
@@ -343,10 +358,7 @@ def run_tune(args) -> int:
     shard = Shard.parse(args.shard) if args.shard else None
     if shard and (args.cv or args.html):
         raise ValueError(f"--shard: only computes LM scores; leave out {'--cv' if args.cv else '--html'}")
-    check_writable(args.out, "--out")
-    check_writable(_cache_path(args, shard), "--cache")
-    if args.html:
-        check_writable(args.html, "--html")
+    check_outputs({"--out": args.out, "--cache": _cache_path(args, shard), "--html": args.html}, _read_paths(args))
     nbest = _read_list(args)
     if args.cv and not 2 <= args.cv <= len(nbest):
         raise ValueError(f"--cv {args.cv}: expected 0 (none) or 2 to {len(nbest)} folds (the list's entries)")
@@ -421,11 +433,11 @@ def run_nbest(args) -> int:
     if shard and args.html:
         raise ValueError("--html: not with --shard; the HTML analysis is of a whole list (run nbest without --shard)")
     out_format = output_format(args.out, args.out_format)
-    check_writable(args.out, "--out", folder=out_format in FOLDER_FORMATS)
-    check_writable(_cache_path(args, shard), "--cache")
-    for flag, path in (("--report", args.report), ("--html", args.html)):
-        if path:
-            check_writable(path, flag)
+    check_outputs(
+        {"--out": args.out, "--cache": _cache_path(args, shard), "--report": args.report, "--html": args.html},
+        _read_paths(args, saved),
+        folders={"--out"} if out_format in FOLDER_FORMATS else (),
+    )
     _check_saved_models(args, saved, args.weights)
     whole = _read_list(args)
     nbest = shard.select(whole) if shard else whole
@@ -490,18 +502,26 @@ def run_merge(args) -> int:
     if args.caches:
         if args.reports or args.out or args.report or not args.cache:
             raise ValueError("merge --caches CACHE... --cache OUT joins tune --shard caches; give nothing else")
-        check_writable(args.cache, "--cache")
+        check_outputs({"--cache": args.cache}, {"--caches": args.caches})
         entries = merge_caches(args.caches, args.cache)
         print(f"{len(args.caches)} shards, {entries} lists -> {args.cache}; tune with --cache {args.cache}")
         return 0
     if not args.reports or not args.out:
         raise ValueError("merge REPORT... --out OUT [--report REPORT]: give every shard's report and --out")
-    if args.report:
-        check_writable(args.report, "--report")
-    merged = merge(args.reports, args.out, args.out_format, OFFENDERS)
+    shards = read_shards(args.reports)
+    if args.report and shards[0][1]["shard"]["stats"] is None:
+        raise ValueError(f"--report {args.report}: the shards ran with --no-metrics; there are no figures to merge")
+    fmt = merged_format(shards, args.out, args.out_format)
+    read = {"REPORT": args.reports}
+    for path, rep in shards:
+        read[f"shard {rep['shard']['index']}/{rep['shard']['count']}'s output (named by {path})"] = shard_output(
+            path, rep
+        )
+    check_outputs(
+        {"--out": args.out, "--report": args.report}, read, folders={"--out"} if fmt in FOLDER_FORMATS else ()
+    )
+    merged = merge(shards, args.out, fmt, OFFENDERS)
     if merged.report is None:
-        if args.report:
-            raise ValueError(f"--report {args.report}: the shards ran with --no-metrics; {args.out} is written")
         print(f"{len(args.reports)} shards, {len(merged.nbest)} lists -> {args.out}")
         return 0
     if args.report:
@@ -558,6 +578,7 @@ def _overlap_check(args, models, nbest: NBestList) -> dict | None:
 def run_overlap(args) -> int:
     if args.list is None and not args.references:
         raise ValueError("overlap: give --list LIST (its references) or --references FILE...")
+    check_outputs({"--json": args.json}, {"--text": args.text, "--list": args.list, "--references": args.references})
     if args.list is not None:
         refs, ids = _references(read_nbest(args.list, args.format, args.references))
     else:

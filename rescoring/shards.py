@@ -137,18 +137,26 @@ class Merged:
     report: dict | None  # None when the shards ran without references (--no-metrics)
 
 
-def merge(reports: list[Path], out: Path, out_format: str | None = None, offenders: int = 5) -> Merged:
-    """Read and check the shards' reports and outputs, and write the merged list to ``out`` (atomically); the
-    merged report is returned for the caller to write."""
-    shards = _read_shards(reports)
-    first_path, first = shards[0]
-    fmt = out_format or SUFFIX_FORMATS.get(Path(out).suffix) or first["shard"]["output"]["format"]
-    fmt = output_format(out, fmt)
+def merged_format(shards: list[tuple[Path, dict]], out: Path, out_format: str | None = None) -> str:
+    """The format of the merged list: ``--out-format``, else the one ``out``'s name says, else the shards'."""
+    fmt = out_format or SUFFIX_FORMATS.get(Path(out).suffix) or shards[0][1]["shard"]["output"]["format"]
+    return output_format(out, fmt)
+
+
+def shard_output(path: Path, report: dict) -> Path:
+    """The output a shard's report (read from ``path``) names."""
+    return path.parent / report["shard"]["output"]["path"]
+
+
+def merge(shards: list[tuple[Path, dict]], out: Path, fmt: str, offenders: int = 5) -> Merged:
+    """Check the outputs of the shards (``read_shards``) and write the merged list to ``out`` in ``fmt``
+    (atomically); the merged report is returned for the caller to write."""
+    first = shards[0][1]
     options = first["shard"]["identity"]["options"]
     entries = []
     for path, rep in shards:
         record = rep["shard"]
-        output = path.parent / record["output"]["path"]
+        output = shard_output(path, rep)
         if not output.exists():
             raise FileNotFoundError(f"{path}: field 'shard.output.path': {output}: no such file or folder")
         found = fingerprint(output)
@@ -216,7 +224,7 @@ def write_report(path: Path, report: dict) -> None:
     atomic_write_text(path, json.dumps(report, indent=2, default=float) + "\n")
 
 
-def _read_shards(reports: list[Path]) -> list[tuple[Path, dict]]:
+def read_shards(reports: list[Path]) -> list[tuple[Path, dict]]:
     """The shards' reports in shard order, checked: every shard once, all of one run, ranges that tile the list."""
     shards = []
     for path in reports:

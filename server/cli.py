@@ -23,8 +23,9 @@ from google.protobuf.json_format import MessageToDict
 from lmserve.rescoring.cli import read_lines
 from lmserve.rescoring.client import DEFAULT_TARGET, LMServeClient, normalisation_name, ranked_lists
 from lmserve.rescoring.command import add_common_arguments, run_command
-from lmserve.rescoring.nbest import FORMATS, read_nbest, write_nbest
+from lmserve.rescoring.nbest import FOLDER_FORMATS, FORMATS, read_nbest, write_nbest
 from lmserve.rescoring.ngram import NgramError
+from lmserve.rescoring.outputs import check_outputs
 from lmserve.server.config import load_config
 from lmserve.server.logs import setup_logging
 
@@ -163,6 +164,11 @@ def _score(args) -> int:
 
 
 def _rescore(args) -> int:
+    check_outputs(
+        {"--out": args.out, "--html": args.html},
+        {"LIST": args.list, "--references": args.references},
+        folders={"--out"} if args.out_format in FOLDER_FORMATS else (),
+    )
     nbest = read_nbest(args.list, args.format, args.references)
     weights = {}
     for item in filter(None, (x.strip() for x in args.weights.split(","))):

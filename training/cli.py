@@ -10,7 +10,8 @@ from pathlib import Path
 
 import lmserve
 from lmserve.rescoring.command import stdout_closed
-from lmserve.training.config import CHECKOUT_DATA_DIR, DATA_ENV, ConfigError, data_dir, load_config
+from lmserve.rescoring.outputs import check_outputs
+from lmserve.training.config import CHECKOUT_DATA_DIR, DATA_ENV, ConfigError, data_dir, expand_data_path, load_config
 
 
 def _fit(args) -> int:
@@ -32,6 +33,9 @@ def _fit(args) -> int:
         else:
             cfg = adapted_config(args.config, args.set, init_from)
         run_dir = Path(args.out) if args.out else Path("var/runs") / Path(args.config).stem
+        data = {f"data.{split}": _data_path(getattr(cfg.data, split)) for split in ("train", "valid", "test")}
+        data["vocab.file"] = _data_path(cfg.vocab.file)
+        check_outputs({"--out": run_dir}, {"CONFIG": args.config, "--init-from": init_from, **data}, {"--out"})
         if args.auto_resume:
             trainer = Trainer.fresh_or_resume(cfg, run_dir, init_from)
         else:
@@ -76,6 +80,9 @@ def _eval(args) -> int:
 
 
 def _export(args) -> int:
+    check_outputs(
+        {"--out": args.out}, {"--checkpoint": args.checkpoint, "--heldout": _data_path(args.heldout)}, {"--out"}
+    )
     import torch
 
     from lmserve.training.export import export_bundle, export_warnings
@@ -106,6 +113,8 @@ def _prepare(args) -> int:
             raise ConfigError("lm-train prepare: give --text-dir or --train/--valid/--test, not both")
         root = Path(args.text_dir)
         inputs = {split: [root / f"{split}.txt.gz"] for split in SPLITS if (root / f"{split}.txt.gz").exists()}
+    read = {f"--{split}": [_data_path(str(p)) for p in files] for split, files in inputs.items()}
+    check_outputs({"--out": args.out}, {**read, "--text-dir": args.text_dir, "--vocab": args.vocab}, {"--out"})
     settings = VocabSettings(
         args.min_count,
         args.max_size,
@@ -125,6 +134,7 @@ def _prepare_gutenberg(args) -> int:
     from lmserve.training.gutenberg import prepare_gutenberg
 
     books = Path(args.data) if args.data else data_dir() / "gutenberg"
+    check_outputs({"--out": args.out}, {"--data": books}, {"--out"})
     summary = prepare_gutenberg(books, Path(args.out), args.valid_books, args.test_books)
     print(json.dumps({k: v for k, v in summary.items() if k != "inputs"}, indent=2))
     return 0
@@ -134,10 +144,20 @@ def _prepare_english(args) -> int:
     from lmserve.training.english_text import SOURCES, prepare_english_text
 
     folder = Path(args.data) if args.data else data_dir() / "english-text"
+    check_outputs({"--out": args.out}, {"--data": folder}, {"--out"})
     sources = tuple(args.sources.split(",")) if args.sources else SOURCES
     summary = prepare_english_text(folder, Path(args.out), sources)
     print(json.dumps(summary["counts"], indent=2))
     return 0
+
+
+def _data_path(path: str | None) -> str | None:
+    """A data path as a file or folder: ``{data}`` expanded, a prepared dataset's ``DIR:SPLIT`` as ``DIR``."""
+    if not path:
+        return None
+    path = expand_data_path(path)
+    folder, sep, split = path.rpartition(":")
+    return folder if sep and split in ("train", "valid", "test") else path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingInterrupted as e:
         print(f"lm-train: interrupted: {e}", file=sys.stderr)
         return 130
-    except (ConfigError, CorpusError, VocabError, CheckpointError, ValueError) as e:
+    except (ConfigError, CorpusError, VocabError, CheckpointError, ValueError, OSError) as e:
         print(f"lm-train: error: {e}", file=sys.stderr)
         return 2
 
