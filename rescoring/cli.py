@@ -17,7 +17,7 @@ from typing import BinaryIO
 from lmserve.rescoring import rescore_cli
 from lmserve.rescoring.atomic import atomic_write_lines
 from lmserve.rescoring.bundle import Bundle
-from lmserve.rescoring.command import add_common_arguments, run_command
+from lmserve.rescoring.command import add_common_arguments, parse_args, run_command
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.nbest import FORMATS, read_nbest
 from lmserve.rescoring.ngram import LN10, NgramError, build_ngram, model_files
@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Errors, Ctrl-C and SIGTERM end in one line on stderr (``rescoring.command``; OSError: files, and lm-serve
     with --server); ``LMSERVE_DEBUG=1`` or ``--debug`` shows the traceback."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     return run_command("lm-rescore", lambda: args.func(args), args.debug, user_errors=(NgramError,))
 
 

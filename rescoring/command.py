@@ -1,5 +1,6 @@
-"""What the command lines (``lm-rescore``, ``lm-serve``) share: ``--version``, ``--debug``, and how they end: one line
-on stderr for anything a user can fix, never a traceback.
+"""What the command lines (``lm-rescore``, ``lm-serve``) share: ``--version``, ``--debug``, options refused together
+at parse time (:func:`parse_args`), and how they end: one line on stderr for anything a user can fix, never a
+traceback.
 
 - a bad file, flag or model (``ValueError`` and its kin ``BundleError``, ``NBestFormatError``, ``ConfigError``;
   ``OSError``): ``PROG: error: MESSAGE``, exit 2;
@@ -39,6 +40,19 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """``--version`` and ``--debug`` (tracebacks instead of one-line errors, as ``LMSERVE_DEBUG=1``)."""
     parser.add_argument("--version", action="version", version=f"%(prog)s (lmserve) {lmserve.__version__}")
     parser.add_argument("--debug", action="store_true", help=f"show tracebacks (also: {DEBUG_ENV}=1)")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args``, then the subcommand's ``conflicts(args)`` (given with ``set_defaults``): a message when
+    options cannot be honoured together, refused as argparse refuses a bad value (exit 2), before anything is read.
+    An option that would be ignored without a word (``--html`` with ``--no-metrics`` wrote nothing, exit 0) must not
+    pass for one that was honoured."""
+    args = parser.parse_args(argv)
+    conflict = getattr(args, "conflicts", None)
+    message = conflict(args) if conflict else None
+    if message:
+        parser.error(message)
+    return args
 
 
 def debugging(flag: bool = False) -> bool:

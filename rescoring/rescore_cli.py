@@ -110,7 +110,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "the whole list's, which tune --cache then reads (the search is not sharded: it needs every utterance)",
     )
     _report_arguments(tune)
-    tune.set_defaults(func=run_tune)
+    tune.set_defaults(func=run_tune, conflicts=_tune_conflicts)
 
     nbest = sub.add_parser("nbest", help="rerank lists with tuned weights; report 1-best, rescored and oracle")
     _list_arguments(nbest)
@@ -143,7 +143,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--lists-per-call", type=int, default=1, help="with --server: n-best lists per RescoreNBest call"
     )
     _report_arguments(nbest)
-    nbest.set_defaults(func=run_nbest)
+    nbest.set_defaults(func=run_nbest, conflicts=_nbest_conflicts)
 
     merge = sub.add_parser(
         "merge", help="join the outputs and reports of nbest --shard K/N runs (or tune --shard caches) into one run's"
@@ -222,6 +222,33 @@ def _list_arguments(parser: argparse.ArgumentParser) -> None:
         default=MAX_WORDS,
         help="longest hypothesis, in words (default: %(default)s, as lm-serve's limits.max_words)",
     )
+
+
+def _list_conflicts(args) -> str | None:
+    """Options of ``tune`` and ``nbest`` that cannot be honoured together (``command.parse_args``)."""
+    if args.systems and args.format:
+        return f"--format {args.format} with --systems: --systems reads plain files, one per system"
+    if args.source and not args.systems:
+        return f"--source {args.source} without --systems: a list in a format carries its own source"
+    return None
+
+
+def _tune_conflicts(args) -> str | None:
+    if args.shard and (args.cv or args.html):
+        return f"--shard with {'--cv' if args.cv else '--html'}: a shard only computes LM scores (merge, then tune)"
+    return _list_conflicts(args)
+
+
+def _nbest_conflicts(args) -> str | None:
+    if args.no_metrics and args.html:
+        return "--html with --no-metrics: the error analysis is of metrics; leave out one of them"
+    if args.no_metrics and args.report and not args.shard:
+        return "--report with --no-metrics: a report holds metrics (only a --shard's report is written without)"
+    if args.shard and not args.report:
+        return "--shard without --report: a shard's report carries what lm-rescore merge needs"
+    if args.shard and args.html:
+        return "--html with --shard: the HTML analysis is of a whole list (run nbest without --shard)"
+    return _list_conflicts(args)
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -320,13 +347,9 @@ def _read_list(args) -> NBestList:
     if args.systems:
         from lmserve.rescoring.nbest import read_systems  # only --systems needs it
 
-        if args.format:
-            raise ValueError(f"--format {args.format}: not with --systems, which reads plain files, one per system")
         return read_systems(
             args.systems, args.source, args.references, feature_defaults=defaults, max_words=args.max_words
         )
-    if args.source:
-        raise ValueError(f"--source {args.source}: only with --systems (a list in a format carries its own source)")
     return read_nbest(args.list, args.format, args.references, feature_defaults=defaults, max_words=args.max_words)
 
 
@@ -356,8 +379,6 @@ def run_tune(args) -> int:
     if args.require_folds and not 0 < args.require_folds <= args.cv:
         raise ValueError(f"--require-folds {args.require_folds}: expected 1 to --cv ({args.cv})")
     shard = Shard.parse(args.shard) if args.shard else None
-    if shard and (args.cv or args.html):
-        raise ValueError(f"--shard: only computes LM scores; leave out {'--cv' if args.cv else '--html'}")
     check_outputs({"--out": args.out, "--cache": _cache_path(args, shard), "--html": args.html}, _read_paths(args))
     nbest = _read_list(args)
     if args.cv and not 2 <= args.cv <= len(nbest):
@@ -428,10 +449,6 @@ def run_nbest(args) -> int:
     saved = record.get("setup", {})
     setup = setup_from_record(record)
     shard = Shard.parse(args.shard) if args.shard else None
-    if shard and not args.report:
-        raise ValueError("--shard: give --report too; a shard's report carries what lm-rescore merge needs")
-    if shard and args.html:
-        raise ValueError("--html: not with --shard; the HTML analysis is of a whole list (run nbest without --shard)")
     out_format = output_format(args.out, args.out_format)
     check_outputs(
         {"--out": args.out, "--cache": _cache_path(args, shard), "--report": args.report, "--html": args.html},

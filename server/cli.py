@@ -22,7 +22,7 @@ from google.protobuf.json_format import MessageToDict
 
 from lmserve.rescoring.cli import read_lines
 from lmserve.rescoring.client import DEFAULT_TARGET, LMServeClient, normalisation_name, ranked_lists
-from lmserve.rescoring.command import add_common_arguments, run_command
+from lmserve.rescoring.command import add_common_arguments, parse_args, run_command
 from lmserve.rescoring.nbest import FOLDER_FORMATS, FORMATS, read_nbest, write_nbest
 from lmserve.rescoring.ngram import NgramError
 from lmserve.rescoring.outputs import check_outputs
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     rescore.add_argument("--out", type=Path, help="reranked lists to write (with every feature and 'rescore')")
     rescore.add_argument("--out-format", choices=sorted(FORMATS), default="jsonl")
     rescore.add_argument("--html", type=Path, help="HTML error analysis to write (needs references)")
-    rescore.set_defaults(func=_rescore)
+    rescore.set_defaults(func=_rescore, conflicts=_rescore_conflicts)
 
     models = calls.add_parser("models", help="the server's models (ListModels), as JSON")
     models.set_defaults(func=_models)
@@ -161,6 +161,20 @@ def _score(args) -> int:
                 else:
                     sys.stdout.write(f"{getattr(chosen, unit):.6f}\n")
     return 0
+
+
+def _rescore_conflicts(args) -> str | None:
+    """What ``client rescore`` refuses at parse time (``command.parse_args``) rather than send to be refused."""
+    inline = [
+        flag
+        for flag, given in (("--weights", args.weights), ("--define", args.define), ("--lambda", args.lam))
+        if given
+    ]
+    if args.profile and inline:
+        return (
+            f"--profile with {inline[0]}: a profile carries its own weights, definitions and λ; give one or the other"
+        )
+    return None
 
 
 def _rescore(args) -> int:
@@ -251,7 +265,7 @@ def _health(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """A failed call ends in ``lm-serve: CODE: details`` (exit 1); errors, Ctrl-C and SIGTERM outside the server's own
     handling in one line (``rescoring.command``); ``LMSERVE_DEBUG=1`` or ``--debug`` shows tracebacks."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
 
     def call() -> int:
         try:

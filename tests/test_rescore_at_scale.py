@@ -150,8 +150,9 @@ def test_merge_refuses_what_is_not_one_runs_shards(job, tmp_path, capsys):
         assert nbest(job, tmp_path / "bad", *flags) == 2
         assert message in capsys.readouterr().err
     args = ["nbest", str(job.test), "--weights", str(job.weights), "--out", str(tmp_path / "x.jsonl")]
-    assert rescore_main([*args, "--shard", "1/3"]) == 2
-    assert "--shard: give --report too" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # refused at parse time (command.parse_args)
+        rescore_main([*args, "--shard", "1/3"])
+    assert "--shard without --report" in capsys.readouterr().err
 
 
 def test_tune_shards_score_into_the_cache_of_one_run(job, tmp_path, capsys):
