@@ -62,11 +62,12 @@ def pack_text(english: Path, gutenberg: Path, out: Path, mib: float) -> dict:
     return summary
 
 
-def pack_weights(run: Path, out: Path) -> dict:
+def pack_weights(run: Path, out: Path, which: str = "latest") -> dict:
+    """``which``: the checkpoint pointer to pack, "latest" (a run cut short by SIGTERM) or "best" (early stopping)."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    ckpt = run / "checkpoints" / (run / "checkpoints" / which).read_text().strip()
     tensors = load_file(str(ckpt / "model.safetensors"))
     out.mkdir(parents=True, exist_ok=True)
     parts: list[dict[str, torch.Tensor]] = [{}]
@@ -132,6 +133,7 @@ def main() -> None:
     weights = sub.add_parser("pack-weights")
     weights.add_argument("run", type=Path)
     weights.add_argument("out", type=Path)
+    weights.add_argument("--which", choices=("latest", "best"), default="latest")
     back = sub.add_parser("unpack")
     back.add_argument("packed", type=Path)
     back.add_argument("--out", type=Path, required=True)
@@ -139,7 +141,7 @@ def main() -> None:
     if args.command == "pack-text":
         print(json.dumps(pack_text(args.english, args.gutenberg, args.out, args.mib)))
     elif args.command == "pack-weights":
-        print(json.dumps(pack_weights(args.run, args.out)))
+        print(json.dumps(pack_weights(args.run, args.out, args.which)))
     else:
         print(unpack(args.packed, args.out))
 
