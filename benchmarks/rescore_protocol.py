@@ -37,7 +37,16 @@ from benchmarks.common import RESULTS, ROOT, write_result
 from lmserve.rescoring import metrics
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup, references_of, report, setup_record, tune, tuning_set
-from lmserve.rescoring.tune import TuningSet, cross_validate, guarded_tuner, parse_bounds, weight_spread, write_weights
+from lmserve.rescoring.tune import (
+    TuningSet,
+    cross_validate,
+    fold_indices,
+    guarded_tuner,
+    parse_bounds,
+    tune_weights,
+    weight_spread,
+    write_weights,
+)
 
 AM = "am=0.6*decoder+0.4*ctc"
 RECIPE = "interp,length,oov"  # next to each system's base score
@@ -223,6 +232,125 @@ def _details(t, rep: dict, weights_file: str) -> dict:
 def _spread(values: list[float]) -> dict[str, float]:
     spread = weight_spread([{"x": v} for v in values])["x"]
     return {k: spread[k] for k in ("mean", "std", "min", "max")}
+
+
+# -- the protocol for any set: K-fold CV inside it, or tuned on some sets and applied to another ------------------
+# (``benchmarks.rescore_sets`` runs it on WMT22, HyPoradise and ATIS)
+
+SYSTEM_PREFIX = "sys_"  # the system indicators of lists read from system outputs (``rescoring.nbest.wmt``)
+
+
+def system_names(nbest) -> list[str]:
+    """The systems whose indicators a list carries, in the order the reader wrote them."""
+    return [f.removeprefix(SYSTEM_PREFIX) for f in nbest.feature_names() if f.startswith(SYSTEM_PREFIX)]
+
+
+def system_choice(nbest, system: str) -> np.ndarray:
+    """Per entry the candidate that ``system`` produced: that system's own output as a choice."""
+    feature = SYSTEM_PREFIX + system
+    return np.array([next(k for k, h in enumerate(e.hypotheses) if h.features[feature]) for e in nbest])
+
+
+def reranked_choice(data: TuningSet, weights: dict[str, float]) -> np.ndarray:
+    return data.choose(np.array([weights[f] for f in data.feature_names]))
+
+
+def _pooled(parts: list[TuningSet]) -> TuningSet:
+    first = parts[0]
+    return TuningSet(
+        "+".join(p.name for p in parts),
+        first.feature_names,
+        first.metric,
+        [x for p in parts for x in p.features],
+        [s for p in parts for s in p.stats],
+    )
+
+
+def _stats(data: TuningSet, chosen: np.ndarray) -> np.ndarray:
+    return np.stack([data.stats[i][k] for i, k in enumerate(chosen)])
+
+
+def _baselines(nbest, data: TuningSet) -> dict[str, np.ndarray]:
+    """The choices rescoring is compared with: the first pass, and for lists of systems the best single system
+    (highest corpus metric over the whole list, as if picked with the references)."""
+    choices = {"1best": np.zeros(len(data), dtype=np.int64)}
+    systems = system_names(nbest)
+    if systems:
+        by_system = {s: system_choice(nbest, s) for s in systems}
+        best = max(systems, key=lambda s: data.score(by_system[s]) * (1 if data.metric == "bleu" else -1))
+        choices["best_system"] = by_system[best]
+        choices["best_system_name"] = best
+    return choices
+
+
+def _figures(nbest, data: TuningSet, chosen: np.ndarray, prefix: str = "") -> tuple[dict, dict]:
+    """Corpus figures of ``chosen`` beside the baselines, with paired bootstraps (and chrF for MT)."""
+    m = data.metric
+    base = _baselines(nbest, data)
+    best_name = base.pop("best_system_name", None)
+    figures = {f"{m}_1best": data.score(base["1best"]), f"{m}_rescored": data.score(chosen)}
+    signature = metrics.WER_SIGNATURE
+    details: dict = {"changed_choices": int(np.count_nonzero(chosen))}
+    if m == "bleu":
+        refs = references_of(nbest, "bleu")
+        texts = [[h.text for h in e.hypotheses] for e in nbest]
+        chrf = {k: metrics.chrf_report(refs, metrics.pick(texts, c)) for k, c in {**base, "rescored": chosen}.items()}
+        signature = metrics.bleu_report(refs, metrics.pick(texts, chosen))["signature"]
+        details["chrf_signature"] = chrf["rescored"]["signature"]
+        figures["reranked_bleu"] = figures["bleu_rescored"]
+        figures["reranked_chrf"] = chrf["rescored"]["chrf"]
+        figures["chrf_1best"] = chrf["1best"]["chrf"]
+        if "best_system" in base:
+            figures["best_system_bleu"] = data.score(base["best_system"])
+            figures["best_system_chrf"] = chrf["best_system"]["chrf"]
+            details["best_system"] = best_name
+    else:
+        figures["wer_oracle"] = data.score(np.array([int(np.argmin(s[:, 0])) for s in data.stats]))
+    details["signature"] = signature
+    details["bootstrap"] = {
+        f"rescored_vs_{k}": metrics.paired_bootstrap_stats(
+            m, _stats(data, c), _stats(data, chosen), signature=signature
+        )
+        for k, c in base.items()
+    }
+    return {prefix + k: v for k, v in figures.items()}, details
+
+
+def kfold(nbest, scores, setup: Setup, metric: str, k: int, fixed: str, search: dict) -> tuple[dict, dict]:
+    """K-fold CV over contiguous entries of one set: every entry chosen by weights tuned without its fold."""
+    data = tuning_set(nbest, setup, scores, metric)
+    cv = cross_validate(data, k=k, fixed=fixed, contiguous=True, **search)
+    figures, details = _figures(nbest, data, cv.chosen)
+    base = _baselines(nbest, data)
+    better = (lambda a, b: a > b) if metric == "bleu" else (lambda a, b: a < b)
+    per_fold = []
+    for j, fold in enumerate(fold_indices(len(data), k, contiguous=True)):
+        part = data.subset(fold, f"{data.name}[fold {j}]")
+        row = {"entries": len(fold), "rescored": part.score(cv.chosen[fold])}
+        row.update({name: part.score(c[fold]) for name, c in base.items() if name != "best_system_name"})
+        row["weights"] = cv.folds[j].weights
+        per_fold.append(row)
+    figures["folds"] = k
+    figures["folds_improved"] = sum(better(r["rescored"], r["1best"]) for r in per_fold)
+    if "best_system" in base:
+        figures["folds_beating_best"] = sum(r["rescored"] >= r["best_system"] for r in per_fold)
+    details.update({"features": list(setup.features), "definitions": setup.definitions, "fixed": fixed})
+    details.update({"search": search, "per_fold": per_fold, "weight_spread": cv.weight_spread})
+    return figures, details
+
+
+def transfer(train, train_scores, test, test_scores, setup: Setup, metric: str, fixed: str, search: dict):
+    """Weights tuned on ``train`` (a list, or several pooled) applied unchanged to ``test``."""
+    trains = train if isinstance(train, list) else [train]
+    train_scores = train_scores if isinstance(train, list) else [train_scores]
+    data = _pooled([tuning_set(n, setup, s, metric) for n, s in zip(trains, train_scores, strict=True)])
+    result = tune_weights(data, fixed=fixed, **search)
+    test_data = tuning_set(test, setup, test_scores, metric)
+    figures, details = _figures(test, test_data, reranked_choice(test_data, result.weights))
+    details["report"] = details["bootstrap"]["rescored_vs_1best"]
+    details.update({"tuned_on": data.name, "tune_before": result.baseline_metric, "tune_after": result.dev_metric})
+    details.update({"weights": result.weights, "features": list(setup.features), "definitions": setup.definitions})
+    return figures, details
 
 
 if __name__ == "__main__":

@@ -446,27 +446,33 @@ class CrossValidation:
         }
 
 
-def fold_indices(n: int, k: int, seed: int = 0) -> list[np.ndarray]:
-    """A seeded random partition of range(n) into k folds of near-equal size (each sorted)."""
+def fold_indices(n: int, k: int, seed: int = 0, contiguous: bool = False) -> list[np.ndarray]:
+    """A partition of range(n) into k folds of near-equal size (each sorted): seeded random, or ``contiguous`` runs
+    of consecutive entries. Contiguous folds keep a document's segments (MT) or a speaker's utterances together, so a
+    held-out fold is new text rather than the neighbours of what the weights were tuned on."""
     if not 2 <= k <= n:
         raise ValueError(f"need 2 <= k <= {n} folds, got {k}")
-    return [np.sort(f) for f in np.array_split(np.random.default_rng(seed).permutation(n), k)]
+    order = np.arange(n) if contiguous else np.random.default_rng(seed).permutation(n)
+    return [np.sort(f) for f in np.array_split(order, k)]
 
 
-def cross_validate(data: TuningSet, k: int = 5, seed: int = 0, tuner=None, **tune_args) -> CrossValidation:
+def cross_validate(
+    data: TuningSet, k: int = 5, seed: int = 0, tuner=None, contiguous: bool = False, **tune_args
+) -> CrossValidation:
     """k-fold cross-validation over utterances: for small sets where a separate dev set would leave too little.
 
     Fold j's weights are tuned on the other k-1 folds only and choose the hypotheses of fold j; the pooled
     held-out metric over all utterances estimates what tuned weights do on unseen data (the dev metric of
     ``tune_weights`` on the whole set is optimistic). ``tune_args`` go to ``tune_weights``; fold j searches with
-    seed ``seed + j``. ``tuner`` (default ``tune_weights``) takes the same arguments and returns a ``TuneResult``:
+    seed ``seed + j``; ``contiguous`` folds are runs of consecutive utterances (``fold_indices``). ``tuner`` (default
+    ``tune_weights``) takes the same arguments and returns a ``TuneResult``:
     e.g. ``guarded_tuner``, to cross-validate a recipe that includes its own guard."""
     tuner = tuner or tune_weights
     start = start_weights(data.feature_names, tune_args.get("fixed") or data.feature_names[0], tune_args.get("init"))
     start_vector = np.array([start[f] for f in data.feature_names])
     chosen = np.zeros(len(data), dtype=np.int64)
     folds = []
-    for j, heldout in enumerate(fold_indices(len(data), k, seed)):
+    for j, heldout in enumerate(fold_indices(len(data), k, seed, contiguous)):
         train = np.setdiff1d(np.arange(len(data)), heldout)
         result = tuner(data.subset(train, f"{data.name}[not fold {j}]"), seed=seed + j, **tune_args)
         test = data.subset(heldout, f"{data.name}[fold {j}]")

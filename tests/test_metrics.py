@@ -172,3 +172,11 @@ def test_paired_bootstrap_is_fast_on_cached_statistics():
     assert wer["p_value"] < 0.01 and bleu["p_value"] == 1.0
     with pytest.raises(ValueError, match="metric must be one of"):
         metrics.paired_bootstrap_stats("ter", wer_a, wer_b)
+
+
+def test_chrf_report_is_sacrebleus_corpus_chrf():
+    hyps = ["the cat sat on the mat", "a dog barked"]
+    refs = [["the cat sat on a mat", "a dog was barking"], ["a cat sat on the mat", "the dog barked"]]
+    report = metrics.chrf_report(refs, hyps)
+    assert report["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, refs).score)
+    assert report["signature"].startswith("nrefs:2|") and report["sentences"] == 2

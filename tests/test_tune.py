@@ -244,3 +244,8 @@ def test_parse_bounds(text, expected):
 def test_parse_bounds_names_the_bad_item(text):
     with pytest.raises(ValueError, match="bounds"):
         tune.parse_bounds(text)
+
+
+def test_contiguous_folds_are_runs_of_consecutive_utterances():
+    folds = tune.fold_indices(11, 3, contiguous=True)
+    assert [f.tolist() for f in folds] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
