@@ -18,6 +18,7 @@ import numpy as np
 
 from lmserve.rescoring import metrics
 from lmserve.rescoring.features import feature_matrices, parse_definition
+from lmserve.rescoring.fingerprints import fingerprints
 from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute, models_key
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.ngram import NgramLM
@@ -328,8 +329,14 @@ def reranked(nbest: NBestList, setup: Setup, lm_scores) -> tuple[NBestList, np.n
 
 
 def setup_record(models: LanguageModels, setup: Setup) -> dict:
-    """What a weights file stores besides the weights, so that ``lm-rescore nbest`` can rebuild the setup."""
-    return {**models.paths, "definitions": setup.definitions, "lambda": setup.lam}
+    """What a weights file stores besides the weights, so that ``lm-rescore nbest`` can rebuild the setup: the models
+    by path and by content (``rescoring.fingerprints``), definitions and λ."""
+    return {
+        **models.paths,
+        "fingerprints": fingerprints(models.paths),
+        "definitions": setup.definitions,
+        "lambda": setup.lam,
+    }
 
 
 def setup_from_record(record: Mapping) -> Setup:

@@ -37,6 +37,7 @@ from pathlib import Path
 from lmserve.rescoring import overlap
 from lmserve.rescoring.atomic import atomic_write_text
 from lmserve.rescoring.features import check_features
+from lmserve.rescoring.fingerprints import check_fingerprints
 from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint, write_cache
 from lmserve.rescoring.nbest import (
     FOLDER_FORMATS,
@@ -116,6 +117,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _list_arguments(nbest)
     _model_arguments(nbest, from_weights=True)
     nbest.add_argument("--weights", required=True, type=Path, help="weights file written by lm-rescore tune")
+    nbest.add_argument(
+        "--accept-changed-models",
+        action="store_true",
+        help="use models that differ from the ones the weights were tuned with (their fingerprints in the weights "
+        "file), with a warning, instead of stopping",
+    )
     nbest.add_argument("--out", required=True, type=Path, help="reranked list to write")
     nbest.add_argument(
         "--out-format", choices=sorted(FORMATS), help="default: the one --out's name says (.jsonl, .json: hyporadise)"
@@ -281,14 +288,20 @@ def _models_given(args, saved: dict) -> bool:
     return any(getattr(args, name) or saved.get(name) for name in ("lm", "ngram", "server"))
 
 
-def _check_saved_models(args, saved: dict, weights: Path | None) -> None:
-    """The models a weights file names (where the command line does not override them) must exist."""
+def _check_saved_models(args, saved: dict, weights: Path) -> None:
+    """The models a weights file names (where the command line does not override them) must exist, and the models to
+    be used must be the ones the weights were tuned with (``rescoring.fingerprints``), unless a server scores."""
     for name in ("lm", "ngram"):
         path = saved.get(name)
         if path and not getattr(args, name) and not args.server and not Path(path).exists():
             raise FileNotFoundError(
                 f"{weights}: field 'setup.{name}': {path}: no such file or folder (or give --{name})"
             )
+    local = {name: getattr(args, name) or saved.get(name) for name in ("lm", "ngram")}
+    if args.server or (saved.get("server") and not any(getattr(args, n) for n in ("lm", "ngram", "normalize"))):
+        return
+    for warning in check_fingerprints(weights, saved.get("fingerprints"), local, args.accept_changed_models):
+        print(f"lm-rescore: warning: {warning}", file=sys.stderr)
 
 
 def _language_models(args, saved: dict, weights: Path | None = None, setup: Setup | None = None):

@@ -536,7 +536,8 @@ def write_weights(path: str | Path, result: TuneResult, setup: Mapping | None = 
     """Save tuned weights as JSON, atomically (a reader never sees half a file). ``setup``: what else a rescoring run
     needs to reproduce the choice (models, definitions, λ: ``rescoring.rescore.setup_record``); ``extra``: more
     fields for the record (cross-validation results, ...). Model paths are stored relative to the weights file (absolute
-    where there is no such path, e.g. on another drive), so the file works from any directory and moves with them."""
+    where there is no such path, e.g. on another drive), so the file works from any directory and moves with them;
+    ``setup["fingerprints"]`` says which models they were by content (``rescoring.fingerprints``)."""
     path = Path(path)
     setup = dict(setup or {})
     for key in MODEL_PATHS:
@@ -595,6 +596,9 @@ def read_weights(path: str | Path) -> dict:
     setup = record.get("setup", {})
     if not isinstance(setup, dict):
         raise ValueError(f"{path}: field 'setup' must be an object, got {setup!r:.60}")
+    recorded = setup.get("fingerprints", {})
+    if not isinstance(recorded, dict) or not all(isinstance(v, dict) for v in recorded.values()):
+        raise ValueError(f"{path}: field 'setup.fingerprints' must map model fields to objects, got {recorded!r:.60}")
     for key in MODEL_PATHS:
         value = setup.get(key)
         if value is not None and not isinstance(value, str):
