@@ -1,7 +1,15 @@
 import pytest
 import torch
 
-from lmserve.training.heads import AdaptiveSoftmax, ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax
+from lmserve.training.heads import (
+    AdaptiveSoftmax,
+    ClassSoftmax,
+    CNNSoftmax,
+    DSoftmax,
+    FullSoftmax,
+    SlimSoftmax,
+    TreeSoftmax,
+)
 
 torch.manual_seed(0)
 V, D, N = 60, 12, 50
@@ -13,6 +21,9 @@ HEADS = {
     "class": lambda: ClassSoftmax(D, V, classes=7),
     "tree": lambda: TreeSoftmax(D, V, "huffman"),
     "slim": lambda: SlimSoftmax(D, V, subvectors=4, pool=40, log_z=1.0),
+    "dsoftmax": lambda: DSoftmax(D, V, cutoffs=[8, 20], widths=[6, 4, 2]),
+    "dsoftmax-nested": lambda: DSoftmax(D, V, cutoffs=[8, 20], widths=[12, 6, 3], layout="nested", log_z=1.0),
+    "cnnsoftmax": lambda: CNNSoftmax(D, [f"w{i}" for i in range(V)], 6, 4, [1, 2, 3], 8, correction_size=4),
 }
 
 
@@ -40,7 +51,8 @@ def test_unnormalised_scores_agree_with_target_terms(head):
     scores = head.scores(hidden)
     torch.testing.assert_close(head.target_score(hidden, targets), score)
     torch.testing.assert_close(scores.gather(1, targets[:, None]).squeeze(1), score)
-    if isinstance(head, FullSoftmax | SlimSoftmax | TreeSoftmax):  # one softmax (or none): scores normalise to it
+    # one softmax (or none): scores normalise to it
+    if isinstance(head, FullSoftmax | SlimSoftmax | TreeSoftmax | DSoftmax):
         torch.testing.assert_close(scores.log_softmax(-1), head.log_probs(hidden))
 
 
@@ -118,7 +130,7 @@ def test_unigram_bias_init_predicts_the_prior_from_a_zero_state(head):
     head.init_bias(prior)
     zero = torch.zeros(3, D)
     torch.testing.assert_close(head.log_probs(zero), prior.expand(3, V), atol=1e-5, rtol=0)
-    if isinstance(head, FullSoftmax | SlimSoftmax):  # the scores are already normalised: log Z = 0
+    if isinstance(head, FullSoftmax | SlimSoftmax | DSoftmax):  # the scores are already normalised: log Z = 0
         torch.testing.assert_close(head.scores(zero).logsumexp(-1), torch.zeros(3), atol=1e-5, rtol=0)
 
 

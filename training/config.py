@@ -77,8 +77,9 @@ class ModelConfig:
 
 @dataclass
 class HeadConfig:
-    type: str = "full"  # full | adaptive | class | tree | slim | charcnn
-    cutoffs: list[int] = field(default_factory=list)  # adaptive: ids < cutoffs[0] are the shortlist
+    type: str = "full"  # full | adaptive | class | tree | slim | charcnn | dsoftmax | cnnsoftmax
+    # adaptive: ids < cutoffs[0] are the shortlist; dsoftmax: the first ids of the frequency bands after the first
+    cutoffs: list[int] = field(default_factory=list)
     div_value: float = 4.0  # adaptive: cluster i projects to size // div_value ** (i + 1)
     # uniform: like every other parameter (model.init_range); unigram: output biases start at the log unigram
     # distribution of the training text, so the untrained model predicts word frequencies and log Z starts near 0
@@ -95,6 +96,15 @@ class HeadConfig:
     tree_embeddings: str = ""  # tree = (huffman_)clustered: a trained run (or checkpoint) over the same vocabulary
     slim_subvectors: int = 4  # slim: K sub-vectors per output vector (divides the head's input size)
     slim_pool: int = 0  # slim: M shared sub-vectors in all, M/K per position (a multiple of K; required)
+    # slim: a trained run (or checkpoint) over the same vocabulary whose output vectors (or input embeddings) are cut
+    # into the K sub-vectors and clustered by k-means, M/K clusters per position: the pools start at the centroids and
+    # each word takes its chunks' clusters (Li 2019, ch. 4); empty: a random balanced assignment
+    slim_embeddings: str = ""
+    # dsoftmax (Chen et al. 2016): output vector widths of the frequency bands (one per band, non-increasing); disjoint:
+    # the bands read segments that partition the hidden state (widths add up to its size); nested: each band reads the
+    # first `width` dimensions (the first band all of them)
+    band_widths: list[int] = field(default_factory=list)
+    band_layout: str = "disjoint"
     # charcnn (Labeau 2018, ch. 5): each output vector is a word vector (the head's input size less charcnn_size)
     # concatenated with a char-CNN vector of the word's spelling (charcnn_size: one max-pooled filter bank per
     # width, charcnn_size / len(widths) filters each, over the first charcnn_max_chars characters)
@@ -102,7 +112,10 @@ class HeadConfig:
     char_embedding_size: int = 16
     charcnn_widths: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     charcnn_max_chars: int = 20
-    # full, slim, charcnn: scores are W h + b - log_z, NCE's normalising constant Z_c (Zoph et al. 2016 fix it to 9);
+    # cnnsoftmax (Jozefowicz et al. 2016): each output vector is the char-CNN's charcnn_size features projected to the
+    # head's input size, plus a per-word correction vector of correction_size projected alike (0 = no correction)
+    correction_size: int = 32
+    # linear heads (full, slim, charcnn, dsoftmax, cnnsoftmax): scores are W h + b - log_z, NCE's normalising constant Z_c (Zoph et al. 2016 fix it to 9);
     # learn_log_z trains it from that start (Labeau & Allauzen 2018). Exact probabilities do not depend on it.
     log_z: float = 0.0
     learn_log_z: bool = False
@@ -110,7 +123,8 @@ class HeadConfig:
 
 @dataclass
 class ObjectiveConfig:
-    # cross_entropy | importance_sampling | nce | negative_sampling | blackout | beta_nce
+    # cross_entropy | importance_sampling | nce | negative_sampling | blackout | beta_nce | target_sampling |
+    # adaptive_importance_sampling
     type: str = "cross_entropy"
     selfnorm_alpha: float = 0.0  # weight of the alpha * (log Z)^2 penalty (Devlin et al. 2014)
     selfnorm_gamma: float = 1.0  # fraction of positions that pay the penalty, rescaled (Andreas et al. 2015)
@@ -125,6 +139,9 @@ class ObjectiveConfig:
     target_term: str = "corrected"
     # sampled objectives: the exact NLL behind the training perplexity is computed on every n-th position only
     nll_stride: int = 64
+    # adaptive_importance_sampling: each step moves the proposal this far towards the model's unigram distribution as
+    # the step's importance weights estimate it (Bengio & Senecal 2008); 0 = a fixed proposal
+    adapt_rate: float = 0.05
 
 
 @dataclass
@@ -191,14 +208,25 @@ class Config:
 
 
 # objectives that train a linear head from a sample of words (training/objectives/sampled.py), and those heads
-SAMPLED_OBJECTIVES = ("importance_sampling", "nce", "negative_sampling", "blackout", "beta_nce")
-LINEAR_HEADS = ("full", "slim", "charcnn")
+SAMPLED_OBJECTIVES = (
+    "importance_sampling",
+    "nce",
+    "negative_sampling",
+    "blackout",
+    "beta_nce",
+    "target_sampling",
+    "adaptive_importance_sampling",
+)
+LINEAR_HEADS = ("full", "slim", "charcnn", "dsoftmax", "cnnsoftmax")
+# heads whose output vectors are computed from the words' spellings: they can score a word outside the vocabulary
+SPELLING_HEADS = ("charcnn", "cnnsoftmax")
 
 _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),
     ("vocab", "type"): ("word", "subword"),
     ("vocab", "subword_model"): ("unigram", "bpe"),
-    ("head", "type"): ("full", "adaptive", "class", "tree", "slim", "charcnn"),
+    ("head", "type"): ("full", "adaptive", "class", "tree", "slim", "charcnn", "dsoftmax", "cnnsoftmax"),
+    ("head", "band_layout"): ("disjoint", "nested"),
     ("head", "bias_init"): ("uniform", "unigram"),
     ("head", "tree"): ("huffman", "clustered", "huffman_clustered", "balanced"),
     ("objective", "type"): ("cross_entropy", *SAMPLED_OBJECTIVES),
@@ -291,6 +319,22 @@ def _check_head_and_objective(config: Config, source: str) -> None:
         raise ConfigError(
             f"{source}: objective.type = {objective.type} scores a sample of words by dot products: it needs "
             f"head.type = {' or '.join(LINEAR_HEADS)}, got {head.type}"
+        )
+    if head.type == "dsoftmax" and not (head.cutoffs and head.band_widths):
+        raise ConfigError(
+            f"{source}: head.type = dsoftmax needs head.cutoffs (where the frequency bands start) and "
+            "head.band_widths (one output width per band), e.g. cutoffs = [2000, 10000], band_widths = [128, 48, 24]"
+        )
+    if head.band_widths and head.type != "dsoftmax":
+        raise ConfigError(f"{source}: head.band_widths is for head.type = dsoftmax, got {head.type}")
+    if head.slim_embeddings and head.type != "slim":
+        raise ConfigError(f"{source}: head.slim_embeddings is for head.type = slim, got {head.type}")
+    if head.type == "cnnsoftmax" and head.correction_size < 0:
+        raise ConfigError(f"{source}: head.correction_size = {head.correction_size}, expected >= 0 (0 = none)")
+    if not 0.0 <= objective.adapt_rate <= 1.0:
+        raise ConfigError(
+            f"{source}: objective.adapt_rate = {objective.adapt_rate}, expected a step towards the model's unigram "
+            "in [0, 1]"
         )
 
 

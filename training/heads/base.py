@@ -72,9 +72,19 @@ class Head(nn.Module, abc.ABC):
             self.set_prior_bias(self.log_prior)
 
     def frozen(self) -> Head:
-        """The head as evaluated and exported: heads that compute their output vectors (charcnn) return a plain
-        head holding them, precomputed; the rest are used as they are."""
+        """The head as evaluated and exported: heads that compute their output vectors (charcnn, cnnsoftmax) return
+        a plain head holding them, precomputed (and their ``speller``); the rest are used as they are."""
         return self
+
+    def speller(self) -> Speller | None:
+        """How the head would score a word it does not know, from its spelling: a ``Speller`` for heads whose output
+        vectors come from characters (charcnn, cnnsoftmax, and their frozen heads), None for the rest.
+
+        The one addition to the interface for open-vocabulary scoring (issue 33): ``frozen()`` had made a char-CNN
+        head a plain matrix, which can only score the words it was built with; a frozen head now keeps its speller
+        beside the matrix, so that evaluation, export and the scorer can ask any head the same question."""
+        spelling = self._modules.get("spelling")
+        return spelling if isinstance(spelling, Speller) else None
 
     def candidate_logprobs(self, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Exact log-probabilities of ``[B, K]`` candidate next words for ``[B, D]`` hidden states. A flat softmax
@@ -86,6 +96,23 @@ class Head(nn.Module, abc.ABC):
         """Exact log-probability of each target, ``[N]``, without the full-vocabulary softmax where the head allows."""
         score, log_norms = self.target_terms(hidden, targets)
         return score - log_norms.sum(-1)
+
+
+class Speller(nn.Module, abc.ABC):
+    """The output vector and bias of any spelled word, in the vocabulary or not.
+
+    ``inventory`` maps characters to ids (from 3: 0, 1, 2 are padding and the word's begin and end markers),
+    ``max_chars`` is how many characters of a word are read; ``spell`` makes a word's ids and the bundle carries both,
+    so that a torch-free scorer can spell words as the head does (``rescoring.scorer``)."""
+
+    def __init__(self, inventory: dict[str, int], max_chars: int):
+        super().__init__()
+        self.inventory = dict(inventory)
+        self.max_chars = max_chars
+
+    @abc.abstractmethod
+    def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[N, max_chars + 2]`` spellings (``charcnn.spell``, padded with 0) -> (vectors ``[N, D]``, biases ``[N]``)."""
 
 
 class LinearHead(Head):
@@ -165,6 +192,26 @@ class LinearHead(Head):
 
     def log_probs(self, hidden):
         return torch.log_softmax(self.logits(hidden), dim=-1)
+
+    def spelled_score(self, hidden: torch.Tensor, char_ids: torch.Tensor) -> torch.Tensor:
+        """The unnormalised score ``[N]`` of words given by their spellings ``[N, C]`` (``speller``), less log_z like
+        ``target_score``: what a self-normalised model serves for a word outside its vocabulary."""
+        speller = self.speller()
+        if speller is None:
+            raise ValueError(f"{type(self).__name__} has no model of spellings: only charcnn and cnnsoftmax heads do")
+        vectors, bias = speller(char_ids)
+        return self._less_log_z(rowwise_dot(vectors, hidden) + bias)
+
+    def spelled_logprob(self, hidden: torch.Tensor, char_ids: torch.Tensor, unk_id: int) -> torch.Tensor:
+        """Exact log-probability ``[N]`` of words outside the vocabulary, each given by its spelling: the softmax over
+        the vocabulary with the word in the place of ``unk_id``, whose mass stood for every such word. So each one is a
+        true normalised probability, that of the model as if its vocabulary had held the word instead of <unk>; the
+        words' probabilities do not add up to <unk>'s (nothing divides that mass among all possible spellings)."""
+        spelled = self.spelled_score(hidden, char_ids)
+        column = torch.zeros_like(spelled, dtype=torch.long).unsqueeze(1) + unk_id
+        scores = self.scores(hidden).scatter(1, column, spelled.unsqueeze(1))
+        # log_softmax, accurate in ONNX Runtime (see target_logprob)
+        return torch.log_softmax(scores, dim=-1).gather(1, column).squeeze(1)
 
     @torch.no_grad()
     def set_prior_bias(self, log_prior):

@@ -6,6 +6,10 @@ vector a sampled objective almost never updates, shares the filters with every w
 score moves with theirs (inflections, compounds, numbers). Labeau trained it with importance sampling and NCE: a
 sampled step runs the CNN over the targets and the samples only (~1,000 words), not the vocabulary.
 
+A word outside the vocabulary has a vector too, from its spelling alone (``speller``: no word vector, the bias of a
+rare word): the frozen head keeps that speller, and export writes it into the bundle's open-vocabulary graph
+(``training.export``), so that the scorer can give such a word its own probability instead of <unk>'s.
+
 Costs: the whole-vocabulary scores (exact training) run the CNN over all V spellings, O(V · max_chars · Σ widths ·
 filters) lookups and adds per call (the convolution is summed from per-offset character tables, see
 ``char_vectors``), on top of the [N, D] x [D, V] product. Evaluation and serving do not:
@@ -20,11 +24,119 @@ import math
 import torch
 from torch import nn
 
-from lmserve.training.heads.base import LinearHead
-from lmserve.training.heads.full import FullSoftmax
+from lmserve.training.heads.base import LinearHead, Speller
+from lmserve.training.heads.full import FullSoftmax, frozen_linear
 
 PAD, BOW, EOW = 0, 1, 2
 CHUNK = 8192  # words per CNN pass over the vocabulary: bounds the [chunk, filters, positions] activations
+OOV_BIAS_SHARE = 0.1  # an out-of-vocabulary word's bias: the mean of the rarest tenth of the vocabulary's
+
+
+def char_inventory(words: list[str]) -> dict[str, int]:
+    """Character -> id, from ``EOW + 1``; sorted, so the same words give the same ids and a saved model's spellings
+    are rebuilt identically."""
+    return {c: i for i, c in enumerate(sorted({c for w in words for c in w}), start=EOW + 1)}
+
+
+def spell(word: str, inventory: dict[str, int], max_chars: int) -> list[int]:
+    """``BOW``, the ids of the word's first ``max_chars`` characters, ``EOW``. Characters outside the inventory (only
+    an out-of-vocabulary word has them) are left out: the model never saw them."""
+    return [BOW, *[inventory[c] for c in word if c in inventory][:max_chars], EOW]
+
+
+def spelling_table(words: list[str], inventory: dict[str, int], max_chars: int) -> torch.Tensor:
+    """``[len(words), max_chars + 2]`` spellings padded with ``PAD``."""
+    char_ids = torch.full((len(words), max_chars + 2), PAD, dtype=torch.long)
+    for row, word in zip(char_ids, words, strict=True):
+        spelled = spell(word, inventory, max_chars)
+        row[: len(spelled)] = torch.tensor(spelled)
+    return char_ids
+
+
+def check_charcnn(charcnn_size: int, char_embedding_size: int, widths: list[int], max_chars: int) -> None:
+    """The char-CNN's own settings, errors naming their keys (the heads check how it fits their input size)."""
+    if charcnn_size < 1:
+        raise ValueError(f"head.charcnn_size = {charcnn_size}: expected at least 1 filter")
+    if max_chars < 1:
+        raise ValueError(f"head.charcnn_max_chars = {max_chars}: expected at least 1")
+    if not widths or any(not 0 < w <= max_chars + 2 for w in widths):
+        raise ValueError(
+            f"head.charcnn_widths = {widths}: expected filter widths between 1 and head.charcnn_max_chars + 2 = "
+            f"{max_chars + 2} (the characters and the word's begin and end markers)"
+        )
+    if charcnn_size % len(widths):
+        raise ValueError(
+            f"head.charcnn_size = {charcnn_size}: expected a multiple of the {len(widths)} filter widths "
+            "(one bank of equal size per width)"
+        )
+    if char_embedding_size < 1:
+        raise ValueError(f"head.char_embedding_size = {char_embedding_size}: expected at least 1")
+
+
+def char_features(char_ids: torch.Tensor, char_embedding: nn.Embedding, convs: nn.ModuleList) -> torch.Tensor:
+    """``[S, filters]`` spelling vectors of ``[S, max_chars + 2]`` character ids.
+
+    Padding never counts: its embeddings are zeroed here (the model's uniform initialisation overwrites the
+    padding row too), and each filter's max runs over the windows that lie within the word and its markers. A
+    word shorter than a filter (a width above its length + 2) keeps the first window only, which then sees the
+    whole word zero-padded on the right, as Conv1d's own padding would. tanh after the max (the same as before
+    it, being monotonic): bounded like the uniformly initialised word vectors it is concatenated with, where a
+    ReLU would let a few filters dominate the scores, and would give a filter negative on every word no gradient.
+    """
+    length = (char_ids != PAD).sum(1, keepdim=True)  # the word and its markers
+    positions = char_ids.shape[1]
+    weight = char_embedding.weight
+    table = weight * (torch.arange(len(weight), device=weight.device) != PAD).unsqueeze(1)
+    pooled = []
+    for conv in convs:
+        width = conv.kernel_size[0]
+        windows = positions - width + 1
+        # a filter's response to character c at window offset k, for every c: [width, chars, F]; the convolution
+        # is then a sum of ``width`` lookups in these small tables (charcnn-is on PTB trained 16% faster so than
+        # with Conv1d, whose oneDNN kernel spent much of its time converting layouts for these tiny channels)
+        offsets = torch.einsum("ce,fek->kcf", table, conv.weight)
+        out = conv.bias + sum(
+            nn.functional.embedding(char_ids[:, k : k + windows], offsets[k]) for k in range(width)
+        )  # [S, windows, F]
+        last = (length - width).clamp(min=0)  # the last window start to keep
+        inside = torch.arange(windows, device=out.device) <= last  # [S, windows]
+        pooled.append(out.masked_fill(~inside.unsqueeze(2), float("-inf")).amax(1))
+    return torch.tanh(torch.cat(pooled, dim=1))
+
+
+def oov_bias(bias: torch.Tensor) -> torch.Tensor:
+    """The bias an out-of-vocabulary word is scored with: the mean of the rarest ``OOV_BIAS_SHARE`` of the words'
+    (ids are in descending frequency), since a word the vocabulary left out is rarer than any it kept. Not the bias
+    of ``<unk>``, which holds the mass of every such word together."""
+    rare = max(1, int(len(bias) * OOV_BIAS_SHARE))
+    return bias[-rare:].mean()
+
+
+class CharCNNSpeller(Speller):
+    """A char-CNN head's output vector of any spelled word: the word's own part (and correction) are those of no word,
+    zero, the spelling part is computed from its characters; ``vector_of`` maps the CNN's features to the rest."""
+
+    def __init__(self, inventory, max_chars, char_embedding, convs, vector_of, bias):
+        super().__init__(inventory, max_chars)
+        self.char_embedding = char_embedding
+        self.convs = convs
+        self.vector_of = vector_of
+        self.register_buffer("bias", bias.detach().reshape(()).clone(), persistent=False)
+
+    def forward(self, char_ids):
+        vectors = self.vector_of(char_features(char_ids, self.char_embedding, self.convs))
+        return vectors, self.bias.expand(vectors.shape[0])
+
+
+class _PadLeft(nn.Module):
+    """Zeros before the CNN's features: a charcnn head's word-vector part, for a word that has none."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width = width
+
+    def forward(self, features):
+        return nn.functional.pad(features, (self.width, 0))
 
 
 class CharCNNSoftmax(LinearHead):
@@ -45,65 +157,21 @@ class CharCNNSoftmax(LinearHead):
                 f"head.charcnn_size = {charcnn_size}: expected between 0 and the head's input size {in_dim} "
                 "(the rest of each output vector is the word's own vector)"
             )
-        if max_chars < 1:
-            raise ValueError(f"head.charcnn_max_chars = {max_chars}: expected at least 1")
-        if not widths or any(not 0 < w <= max_chars + 2 for w in widths):
-            raise ValueError(
-                f"head.charcnn_widths = {widths}: expected filter widths between 1 and head.charcnn_max_chars + 2 = "
-                f"{max_chars + 2} (the characters and the word's begin and end markers)"
-            )
-        if charcnn_size % len(widths):
-            raise ValueError(
-                f"head.charcnn_size = {charcnn_size}: expected a multiple of the {len(widths)} filter widths "
-                "(one bank of equal size per width)"
-            )
-        if char_embedding_size < 1:
-            raise ValueError(f"head.char_embedding_size = {char_embedding_size}: expected at least 1")
+        check_charcnn(charcnn_size, char_embedding_size, widths, max_chars)
         self.vocab_size = len(words)
         self.in_dim = in_dim
-        # sorted, so the same words give the same ids and a saved model's char_ids are rebuilt identically
-        inventory = {c: i for i, c in enumerate(sorted({c for w in words for c in w}), start=EOW + 1)}
-        char_ids = torch.full((len(words), max_chars + 2), PAD, dtype=torch.long)
-        for row, word in zip(char_ids, words, strict=True):
-            spelled = [BOW, *(inventory[c] for c in word[:max_chars]), EOW]
-            row[: len(spelled)] = torch.tensor(spelled)
-        self.register_buffer("char_ids", char_ids)  # [V, max_chars + 2]
+        self.inventory = char_inventory(words)
+        self.max_chars = max_chars
+        self.register_buffer("char_ids", spelling_table(words, self.inventory, max_chars))  # [V, max_chars + 2]
         bound = 1 / math.sqrt(in_dim)  # nn.Linear's default, for model.init_range = 0
         self.word_vectors = nn.Parameter(torch.empty(len(words), in_dim - charcnn_size).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(len(words)).uniform_(-bound, bound))
-        self.char_embedding = nn.Embedding(len(inventory) + EOW + 1, char_embedding_size, padding_idx=PAD)
+        self.char_embedding = nn.Embedding(len(self.inventory) + EOW + 1, char_embedding_size, padding_idx=PAD)
         self.convs = nn.ModuleList(nn.Conv1d(char_embedding_size, charcnn_size // len(widths), w) for w in widths)
 
     def char_vectors(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """``[S, charcnn_size]`` spelling vectors of ``[S, max_chars + 2]`` character ids.
-
-        Padding never counts: its embeddings are zeroed here (the model's uniform initialisation overwrites the
-        padding row too), and each filter's max runs over the windows that lie within the word and its markers. A
-        word shorter than a filter (a width above its length + 2) keeps the first window only, which then sees the
-        whole word zero-padded on the right, as Conv1d's own padding would. tanh after the max (the same as before
-        it, being monotonic): bounded like the uniformly initialised word vectors it is concatenated with, where a
-        ReLU would let a few filters dominate the scores, and would give a filter negative on every word no gradient.
-        """
-        length = (char_ids != PAD).sum(1, keepdim=True)  # the word and its markers
-        positions = char_ids.shape[1]
-        # padding's embedding is zero here (the model's uniform initialisation overwrites the padding row too)
-        weight = self.char_embedding.weight
-        table = weight * (torch.arange(len(weight), device=weight.device) != PAD).unsqueeze(1)
-        pooled = []
-        for conv in self.convs:
-            width = conv.kernel_size[0]
-            windows = positions - width + 1
-            # a filter's response to character c at window offset k, for every c: [width, chars, F]; the convolution
-            # is then a sum of ``width`` lookups in these small tables (charcnn-is on PTB trained 16% faster so than
-            # with Conv1d, whose oneDNN kernel spent much of its time converting layouts for these tiny channels)
-            offsets = torch.einsum("ce,fek->kcf", table, conv.weight)
-            out = conv.bias + sum(
-                nn.functional.embedding(char_ids[:, k : k + windows], offsets[k]) for k in range(width)
-            )  # [S, windows, F]
-            last = (length - width).clamp(min=0)  # the last window start to keep
-            inside = torch.arange(windows, device=out.device) <= last  # [S, windows]
-            pooled.append(out.masked_fill(~inside.unsqueeze(2), float("-inf")).amax(1))
-        return torch.tanh(torch.cat(pooled, dim=1))
+        """``[S, charcnn_size]`` spelling vectors of ``[S, max_chars + 2]`` character ids (``char_features``)."""
+        return char_features(char_ids, self.char_embedding, self.convs)
 
     def output_matrix(self) -> torch.Tensor:
         """The ``[V, D]`` output vectors of the whole vocabulary."""
@@ -127,8 +195,15 @@ class CharCNNSoftmax(LinearHead):
     def frozen(self) -> FullSoftmax:
         """The head as served: the output matrix computed once into a full softmax with the same scores, so that
         the exported graph holds a [V, D] matrix and no CNN (Labeau ch. 5 precomputes it for inference alike)."""
-        head = FullSoftmax(self.in_dim, self.vocab_size, float(self.log_z), learn_log_z=False)
-        head = head.to(device=self.bias.device, dtype=self.bias.dtype)
-        head.linear.weight.copy_(self.output_matrix())
-        head.linear.bias.copy_(self.bias)
-        return head.requires_grad_(False)
+        return frozen_linear(self, self.output_matrix())
+
+    def speller(self) -> CharCNNSpeller:
+        """An out-of-vocabulary word's vector: no word vector (zeros), the CNN's vector of its spelling."""
+        return CharCNNSpeller(
+            self.inventory,
+            self.max_chars,
+            self.char_embedding,
+            self.convs,
+            _PadLeft(self.word_vectors.shape[1]),
+            oov_bias(self.bias),
+        )

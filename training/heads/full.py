@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+
+import torch
 from torch import nn
 
 from lmserve.training.heads.base import LinearHead
@@ -30,3 +33,18 @@ class FullSoftmax(LinearHead):
 
     def logits(self, hidden):
         return self.linear(hidden)
+
+
+@torch.no_grad()
+def frozen_linear(head: LinearHead, matrix: torch.Tensor) -> FullSoftmax:
+    """The head as served: its ``[V, D]`` output matrix computed once into a full softmax with the same scores (so the
+    exported graphs hold a matrix and no CNN; Labeau ch. 5 precomputes it for inference alike), keeping the head's
+    speller, if any, as ``spelling`` for the words outside the vocabulary."""
+    frozen = FullSoftmax(matrix.shape[1], head.vocab_size, float(head.log_z), learn_log_z=False)
+    frozen = frozen.to(device=matrix.device, dtype=matrix.dtype)
+    frozen.linear.weight.copy_(matrix)
+    frozen.linear.bias.copy_(head.output_bias())
+    speller = head.speller()
+    if speller is not None:
+        frozen.spelling = copy.deepcopy(speller)  # a snapshot, as the matrix: training goes on with the head's own
+    return frozen.requires_grad_(False)

@@ -124,17 +124,20 @@ def huffman_clustered_branches(vectors: np.ndarray, weights: np.ndarray) -> torc
     return _top_down(vectors, goes_left)
 
 
-def load_embeddings(path: str, vocab_size: int, key: str = "head.tree_embeddings") -> np.ndarray:
+def load_embeddings(
+    path: str, vocab_size: int, key: str = "head.tree_embeddings", names: tuple[str, ...] = ("embedding.weight",)
+) -> np.ndarray:
     """The input embeddings ``[V, E]`` of a trained run or checkpoint over the same vocabulary (``key``: the config
-    key that named it, for the errors)."""
+    key that named it, for the errors), or the first of the other weights ``names`` that the model has."""
     from safetensors.torch import load_file
 
     from lmserve.training.checkpoint import resolve_checkpoint  # (imports the model, which imports the heads)
 
     tensors = load_file(str(resolve_checkpoint(path) / "model.safetensors"))
-    if "embedding.weight" not in tensors:
-        raise ValueError(f"{key} = {path!r}: its model has no embedding matrix (slim input embeddings?)")
-    weights = tensors["embedding.weight"]
+    found = [name for name in names if name in tensors]
+    if not found:
+        raise ValueError(f"{key} = {path!r}: its model has none of {', '.join(names)} (slim input embeddings?)")
+    weights = tensors[found[0]]
     if weights.shape[0] != vocab_size:
         raise ValueError(
             f"{key} = {path!r}: its embeddings cover {weights.shape[0]} words, the vocabulary has "
