@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed-stamp
 # Idempotent: re-runs only when pyproject.toml changes. torch is pinned to the CPU build 2.13.0 in pyproject.toml.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,decoders]'
+	$(PY) -m pip install --quiet --no-deps 'pyctcdecode==0.5.0'  # pyproject.toml's decoders extra says why
 	touch $(STAMP)
 
 setup: $(STAMP) kenlm

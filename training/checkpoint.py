@@ -4,7 +4,8 @@ Layout of ``RUN/checkpoints/ckpt-EEE-BBBBBB/`` (E = completed epochs, B = batche
 
 - ``config.json``: the resolved run config; ``vocab.tsv``: the vocabulary with counts;
 - ``model.safetensors``: weights (tied matrices stored once);
-- ``trainer.safetensors``: optimiser tensors, the torch RNG state and, mid-epoch in stream mode, the carried LSTM state;
+- ``trainer.safetensors``: optimiser tensors, the torch RNG state, the objective's own state if it keeps one (an
+  adapted proposal, ``objective.*``) and, mid-epoch in stream mode, the carried LSTM state;
 - ``state.json``: everything else the loop needs to continue exactly where it stopped.
 
 ``RUN/checkpoints/latest`` and ``best`` name the newest and the best-validation checkpoint.
@@ -68,6 +69,7 @@ def save_checkpoint(
     state: dict,
     carried: tuple[torch.Tensor, torch.Tensor] | None = None,
     subword_model: Path | None = None,
+    objective_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write the checkpoint, then point ``latest`` at it. A subword run's sentencepiece model goes in with it: the
     piece ids mean nothing without it."""
@@ -79,6 +81,8 @@ def save_checkpoint(
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
     if carried is not None:
         tensors["carried.h"], tensors["carried.c"] = (t.detach().cpu().contiguous() for t in carried)
+    for key, value in (objective_state or {}).items():
+        tensors[f"objective.{key}"] = value.detach().cpu().contiguous()
     with replacing_folder(path) as tmp:
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         vocab.save(tmp / "vocab.tsv")
@@ -156,6 +160,12 @@ def load_model_for_eval(path: str | Path) -> tuple[Config, Vocabulary, LSTMLM]:
             f"{ckpt}/model.safetensors: does not match the config (missing {missing}, extra {unexpected})"
         )
     return config, vocab, model
+
+
+def load_objective_state(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The objective's saved state (``save_checkpoint``'s ``objective_state``), empty for objectives that keep none."""
+    tensors = load_file(str(ckpt / "trainer.safetensors"))
+    return {key.removeprefix("objective."): value for key, value in tensors.items() if key.startswith("objective.")}
 
 
 def load_training_state(ckpt: Path, optimizer: torch.optim.Optimizer) -> tuple[dict, tuple | None]:

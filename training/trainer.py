@@ -31,6 +31,7 @@ from lmserve.training.batching import Batch, SentenceBatches, StreamBatches
 from lmserve.training.checkpoint import (
     CheckpointError,
     checkpoint_name,
+    load_objective_state,
     load_training_state,
     load_weights,
     mark_best,
@@ -406,6 +407,9 @@ class Trainer:
         trainer = cls(cfg, run_dir, Vocabulary.load(ckpt / "vocab.tsv"), dist)
         load_weights(trainer.model, ckpt / "model.safetensors")
         state, carried = load_training_state(ckpt, trainer.optimizer)
+        trainer.objective.load_state_dict(
+            {k: v.to(trainer.device) for k, v in load_objective_state(ckpt).items()}
+        )  # an adapted proposal
         trainer.carried = None if carried is None else tuple(t.to(trainer.device) for t in carried)
         scheduler_state = state.pop("scheduler")
         if trainer.scheduler is not None and saved["schedule"]["type"] == cfg.schedule.type:
@@ -705,6 +709,7 @@ class Trainer:
             state={**st, "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None},
             carried=carried,
             subword_model=run_subword_model(self.cfg, self.run_dir),
+            objective_state=self.objective.state_dict(),
         )
 
     def _finish(self) -> dict:

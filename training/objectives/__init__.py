@@ -2,12 +2,15 @@
 
 An objective maps (head, hidden ``[N, D]``, targets ``[N]``) to a summed loss over the N positions; the trainer
 chooses the reduction. The self-normalisation penalty rides on top of any objective. ``exact`` holds cross-entropy
-and the penalty, ``sampled`` the objectives that never compute the normaliser.
+and the penalty, ``sampled`` the objectives that never compute the normaliser, with two of their own files:
+``target_sampling`` (a batch's own vocabulary) and ``adaptive_is`` (a proposal that follows the model). An objective
+that keeps state across steps gives it to checkpoints through ``state_dict`` / ``load_state_dict`` (all have them).
 """
 
 from __future__ import annotations
 
 from lmserve.training.config import Config, ObjectiveConfig
+from lmserve.training.objectives.adaptive_is import AdaptiveImportanceSampling
 from lmserve.training.objectives.exact import CrossEntropy, ObjectiveOutput, SelfNormPenalty
 from lmserve.training.objectives.sampled import (
     NCE,
@@ -18,8 +21,20 @@ from lmserve.training.objectives.sampled import (
     Noise,
     SampledObjective,
 )
+from lmserve.training.objectives.target_sampling import TargetSampling
 
-SAMPLED_TYPES = {cls.name: cls for cls in (ImportanceSampling, NCE, NegativeSampling, BlackOut, BetaNCE)}
+SAMPLED_TYPES = {
+    cls.name: cls
+    for cls in (
+        ImportanceSampling,
+        NCE,
+        NegativeSampling,
+        BlackOut,
+        BetaNCE,
+        TargetSampling,
+        AdaptiveImportanceSampling,
+    )
+}
 
 
 def build_objective(cfg: ObjectiveConfig):
@@ -35,6 +50,10 @@ def build_objective(cfg: ObjectiveConfig):
         return BetaNCE(cfg.samples, cfg.beta, **common)
     if cfg.type == "importance_sampling":
         return ImportanceSampling(cfg.samples, exact_target=cfg.target_term == "exact", **common)
+    if cfg.type == "adaptive_importance_sampling":
+        return AdaptiveImportanceSampling(
+            cfg.samples, cfg.adapt_rate, exact_target=cfg.target_term == "exact", **common
+        )
     return SAMPLED_TYPES[cfg.type](cfg.samples, **common)
 
 
@@ -51,6 +70,7 @@ def self_normalised(cfg: Config) -> bool:
 
 
 __all__ = [
+    "AdaptiveImportanceSampling",
     "BetaNCE",
     "BlackOut",
     "CrossEntropy",
@@ -64,4 +84,5 @@ __all__ = [
     "SelfNormPenalty",
     "build_objective",
     "self_normalised",
+    "TargetSampling",
 ]

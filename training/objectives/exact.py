@@ -51,6 +51,15 @@ class CrossEntropy:
     def __init__(self, selfnorm: SelfNormPenalty | None = None):
         self.selfnorm = selfnorm
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Objectives may keep state across steps that a checkpoint saves (``SampledObjective.state_dict``); this one
+        keeps none."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if state:
+            raise ValueError(f"objective.type = cross_entropy keeps no state, the checkpoint has {sorted(state)}")
+
     def __call__(self, head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> ObjectiveOutput:
         score, log_norms = head.target_terms(hidden, targets)
         nll = (log_norms.sum(-1) - score).sum()

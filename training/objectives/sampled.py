@@ -44,7 +44,11 @@ class Noise:
 
     def __init__(self, log_prior: torch.Tensor, power: float, uniform: float):
         log_q = power * log_prior.double()
-        log_q = log_q - log_q.logsumexp(0)
+        self.set(log_q - log_q.logsumexp(0), uniform)
+
+    def set(self, log_base: torch.Tensor, uniform: float) -> None:
+        """Q = (1 - uniform) · base + uniform / |V| for a normalised ``log_base`` (an adaptive proposal moves it)."""
+        log_q = log_base.double()
         if uniform > 0:
             flat = torch.full_like(log_q, math.log(uniform) - math.log(len(log_q)))
             log_q = torch.logaddexp(log_q + math.log1p(-uniform), flat) if uniform < 1 else flat
@@ -115,20 +119,33 @@ class SampledObjective(abc.ABC):
         """Loss ``[N]`` from the targets' scores ``[N]``, the shared samples' scores ``[N, S]``, their log Q (``[N]``
         and ``[S]``), and ``hits [N, S]``: where a sample is the row's own target."""
 
+    def losses(self, head: LinearHead, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of each position ``[N]``: ``objective.samples`` words drawn from Q, shared by the batch."""
+        noise = self.noise(head)
+        ids = noise.sample(self.samples)
+        return self.position_losses(
+            *head.sampled_scores(hidden, targets, ids),
+            noise.log_q.index_select(0, targets),
+            noise.log_q.index_select(0, ids),
+            ids.unsqueeze(0) == targets.unsqueeze(1),
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint must keep of the objective for a resumed run to go on as it would have: nothing for an
+        objective whose proposal is fixed (``adaptive_importance_sampling`` keeps its adapted one)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if state:
+            raise ValueError(f"objective.type = {self.name} keeps no state, the checkpoint has {sorted(state)}")
+
     def __call__(self, head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> ObjectiveOutput:
         if not isinstance(head, LinearHead):
             raise ValueError(
                 f"objective.type = {self.name} scores a sample of words by dot products: it needs head.type = "
                 f"{' or '.join(LINEAR_HEADS)}, got {type(head).__name__}"
             )
-        noise = self.noise(head)
-        ids = noise.sample(self.samples)
-        losses = self.position_losses(
-            *head.sampled_scores(hidden, targets, ids),
-            noise.log_q.index_select(0, targets),
-            noise.log_q.index_select(0, ids),
-            ids.unsqueeze(0) == targets.unsqueeze(1),
-        )
+        losses = self.losses(head, hidden, targets)
         loss, nll = losses.sum(), None
         if self.selfnorm is not None:
             rows = self.selfnorm.rows(len(targets), hidden.device)

@@ -1,0 +1,434 @@
+"""What a decoder asks of a language model, batched: the score of a word after a state, for every (state, word) pair of
+a beam step at once, from a local bundle or from lm-serve.
+
+    lm = DecoderLM.local("var/bundles/english_lm", ngram="var/ngrams/english_4gram.bin", lam=0.4)
+    lm = DecoderLM.remote("127.0.0.1:50051", model="english")        # one StreamNextWords stream, state tokens
+    start = lm.start()
+    (score, state), (score2, state2) = lm.score_many([(start, "THE", False), (start, "A", False)])
+    final_score, final = lm.score_many([(state, "CAT", True)])[0]    # True: the utterance ends here (adds </s>)
+    final.logprob, final.neural                                      # summed along the path, </s> included
+
+:class:`LMState` objects are immutable paths: each knows its parent, the tokens that led to it and the summed scores
+(``logprob``: what the decoder fuses, interpolated with the n-gram when the model has one, else neural; ``neural``:
+the neural LM alone, which ``lm-rescore score`` reports). A state memoises the words scored after it, so a decoder
+that asks twice (flashlight does, pyctcdecode's own cache aside) costs one LM step.
+
+How a step is batched: the pairs not yet memoised are grouped by state; each state becomes one item whose candidates
+are the first tokens of its words; one backend call scores all items (one LSTM step locally, one ScoreNextWordsBatch
+or stream request remotely). Words that normalise to several tokens take further rounds, one token deeper each.
+
+Faults. A remote backend turns a failed call into :class:`LMServeError` naming the address, the status code and the
+server's message. With ``fallback_ngram`` set, an unreachable server (UNAVAILABLE) instead switches this object to
+that KenLM model alone for the rest of its life, with one warning that says so; states made before continue (the
+n-gram context is read off their paths), and ``neural`` is NaN from then on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import weakref
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
+
+log = logging.getLogger("lmserve.decoders")
+EOS = "</s>"
+# A request's items and the state tokens its answer may carry: under lm-serve's default limits (max_items 1024,
+# max_candidates 1000, 16 MiB messages), with room to spare.
+MAX_ITEMS = 1024
+MAX_CANDIDATES = 1000
+MAX_STATE_BYTES = 8 << 20
+
+
+class LMServeError(RuntimeError):
+    """The LM behind a decoder could not answer; the message names the server and what it said."""
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One token's scores after a state, and the state after it (the backend's handle)."""
+
+    neural: float
+    logprob: float
+    oov: bool
+    handle: object
+
+
+@dataclass(eq=False)
+class LMState:
+    handle: object  # the backend's: a DecoderState (local), a token or a cache id (remote), an n-gram state
+    parent: LMState | None = None
+    token: str | None = None  # the model token read last (None at the start)
+    neural: float = 0.0  # summed over the path
+    logprob: float = 0.0
+    oov: int = 0  # tokens scored as <unk>
+    words: int = 0  # decoder words completed
+    ended: bool = False  # </s> has been scored (the handle is that of the state before it)
+    word_logprob: float = 0.0  # the score of the last word (and </s> when ended): what a decoder adds
+    word_oov: bool = False
+    word_tokens: int = 0  # the model tokens of the last word (0: punctuation only, or </s> alone)
+    children: dict = field(default_factory=dict, repr=False)  # (word, end) -> LMState
+
+    def history(self, limit: int | None = None) -> list[str]:
+        """The model tokens of the path (at most the last ``limit``), oldest first."""
+        out, state = [], self
+        while state is not None and state.token is not None and (limit is None or len(out) < limit):
+            if state.token != EOS:
+                out.append(state.token)
+            state = state.parent
+        return out[::-1]
+
+
+class DecoderLM:
+    """See the module docstring; build with :meth:`local` or :meth:`remote`."""
+
+    def __init__(self, backend, normalizer: TextNormalizer, fallback_ngram: str | Path | None = None):
+        self.backend = backend
+        self.normalizer = normalizer
+        self.fallback_ngram = fallback_ngram
+        self.fell_back = False
+        self.calls = 0  # backend calls (one per beam step and token depth): the benchmarks report LM calls/s
+        self.pairs = 0  # (state, word) pairs scored through them
+        self._tokens: dict[str, tuple[str, ...]] = {}
+        self._vocabulary: list[str] | None = None
+
+    @classmethod
+    def local(
+        cls,
+        bundle: str | Path,
+        ngram: str | Path | None = None,
+        lam: float | None = None,
+        normalize: str | None = None,
+        threads: int = 1,
+    ) -> DecoderLM:
+        """A bundle loaded here; with ``ngram`` (a KenLM model on the bundle's tokens) and ``lam`` the scores are
+        their per-word interpolation, as lm-serve's with the same settings; ``normalize``: a ``textnorm`` preset
+        instead of the bundle's own text settings."""
+        from lmserve.rescoring.interpolated import InterpolatedLM
+        from lmserve.rescoring.ngram import NgramLM
+        from lmserve.rescoring.scorer import Scorer
+
+        scorer = Scorer(bundle, threads=threads, normalizer=PRESETS[normalize] if normalize else None)
+        lm = InterpolatedLM(scorer, NgramLM(ngram) if ngram else None, lam)
+        return cls(LocalBackend(lm), scorer.normalizer)
+
+    @classmethod
+    def remote(
+        cls,
+        target: str,
+        model: str = "",
+        *,
+        stream: bool = True,
+        cache_states: bool = False,
+        tls: bool = False,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        timeout: float | None = 30.0,
+        fallback_ngram: str | Path | None = None,
+    ) -> DecoderLM:
+        """lm-serve at ``target`` (``HOST:PORT``), its ``model`` (empty: the default). ``stream``: one
+        StreamNextWords stream for all steps (else a ScoreNextWordsBatch call each); ``cache_states``: states stay
+        in the server's state cache (ids travel, released when the decoder drops them; the server's cache must hold
+        a beam's states); ``tls``/``ca``/``cert``/``key``: as ``LMServeClient``; ``timeout``: per call (a stream
+        has none); ``fallback_ngram``: see the module docstring."""
+        from lmserve.rescoring.client import LMServeClient
+
+        client = LMServeClient(target, timeout=timeout, tls=tls, ca=ca, cert=cert, key=key)
+        try:
+            info = client.model_info(model)
+        except grpc.RpcError as error:
+            client.close()
+            raise LMServeError(f"lm-serve at {target}: {error.code().name}: {error.details()}") from None
+        normalizer = TextNormalizer.from_dict(json.loads(info.normalisation_settings_json))
+        backend = RemoteBackend(client, info, stream=stream, cache_states=cache_states)
+        return cls(backend, normalizer, fallback_ngram)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> DecoderLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- words -> model tokens ---------------------------------------------------------------------------------
+
+    def tokens_of(self, word: str) -> tuple[str, ...]:
+        """A decoder's word as the model's tokens (usually one; none for a word of punctuation only)."""
+        tokens = self._tokens.get(word)
+        if tokens is None:
+            tokens = self._tokens[word] = tuple(self.normalizer.normalize(word)) if word.strip() else ()
+        return tokens
+
+    def is_prefix(self, partial: str) -> bool:
+        """Whether some vocabulary word starts with ``partial`` (normalised); an open vocabulary has every word."""
+        if self._vocabulary is None:
+            if self.backend.open_vocabulary:
+                return True
+            self._vocabulary = sorted(self.backend.vocabulary())
+        prefix = " ".join(self.normalizer.normalize(partial))
+        at = bisect_left(self._vocabulary, prefix)
+        return at < len(self._vocabulary) and self._vocabulary[at].startswith(prefix)
+
+    # -- scoring -----------------------------------------------------------------------------------------------
+
+    def start(self) -> LMState:
+        return LMState(self.backend.start())
+
+    def score(self, state: LMState, word: str, end: bool = False) -> tuple[float, LMState]:
+        return self.score_many([(state, word, end)])[0]
+
+    def score_many(self, pairs: Sequence[tuple[LMState, str, bool]], keep: bool = True) -> list[tuple[float, LMState]]:
+        """For each (state, word, end): the word's LM score after the state (plus ``</s>`` when ``end``) and the
+        state after it (when ``end``, its ``logprob`` includes ``</s>`` but its handle continues after the word).
+        All pairs not memoised yet are scored together. ``keep=False``: scores only, nothing memoised and no
+        states made (e.g. a lexicon's unigram scores from the start state)."""
+        todo: dict[tuple[int, str, bool], tuple[LMState, str, bool]] = {}
+        for state, word, end in pairs:
+            if (word, end) not in state.children:
+                todo.setdefault((id(state), word, end), (state, word, end))
+        done = self._score(list(todo.values()), keep) if todo else {}
+        out = []
+        for state, word, end in pairs:
+            child = state.children.get((word, end)) or done[(id(state), word, end)]
+            out.append((child.word_logprob, child))
+        return out
+
+    def _score(self, pairs: list[tuple[LMState, str, bool]], keep: bool) -> dict:
+        # each pair walks its tokens (and </s>) one round at a time; a round is one backend call for all pairs
+        tokens = [self.tokens_of(word) for _, word, _ in pairs]
+        paths = [[*t, *((EOS,) if end else ())] for t, (_, _, end) in zip(tokens, pairs, strict=True)]
+        at = [state for state, _, _ in pairs]  # where each pair's walk is
+        sums = [[0.0, 0.0, 0, False] for _ in pairs]  # neural, logprob, <unk> tokens, a word token was <unk>
+        for depth in range(max(map(len, paths), default=0)):
+            groups: dict[int, tuple[LMState, list[int]]] = {}
+            for i, path in enumerate(paths):
+                if depth < len(path):
+                    groups.setdefault(id(at[i]), (at[i], []))[1].append(i)
+            items = [
+                (state, list(dict.fromkeys(paths[i][depth] for i in members))) for state, members in groups.values()
+            ]
+            states_needed = keep or any(depth < len(paths[i]) - 1 for _, members in groups.values() for i in members)
+            scored = self._call(items, states_needed)
+            for (state, words), results in zip(items, scored, strict=True):
+                by_word = dict(zip(words, results, strict=True))
+                for i in groups[id(state)][1]:
+                    token = paths[i][depth]
+                    s = by_word[token]
+                    total = sums[i]
+                    total[0] += s.neural
+                    total[1] += s.logprob
+                    total[2] += s.oov
+                    total[3] = total[3] or (s.oov and token != EOS)
+                    if token != EOS:  # the state after </s> is never continued: the child keeps the one before it
+                        node = LMState(s.handle, at[i], token, at[i].neural + s.neural, at[i].logprob + s.logprob)
+                        self.backend.track(node)
+                        at[i] = node
+        done = {}
+        for i, (state, word, end) in enumerate(pairs):
+            neural, logprob, oov, word_oov = sums[i]
+            child = at[i]
+            if child is state:  # no token read (a word of punctuation, or </s> alone): the LM goes on from here
+                child = LMState(state.handle, state.parent, state.token)
+                self.backend.track(child)
+            child.neural, child.logprob, child.oov = state.neural + neural, state.logprob + logprob, state.oov + oov
+            child.words = state.words + (1 if tokens[i] else 0)
+            child.ended, child.word_logprob, child.word_oov = end, logprob, word_oov
+            child.word_tokens = len(tokens[i])
+            if keep:
+                state.children[(word, end)] = child
+            done[(id(state), word, end)] = child
+        self.pairs += len(pairs)
+        return done
+
+    def _call(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
+        self.calls += 1
+        try:
+            return self.backend.step(items, keep)
+        except LMServeError as error:
+            if self.fallback_ngram is None or not getattr(error, "unavailable", False):
+                raise
+            log.warning(
+                "%s; from now on this decoder's LM is the n-gram %s alone (fallback_ngram)", error, self.fallback_ngram
+            )
+            self.backend.close()
+            self.backend = NgramBackend(self.fallback_ngram)
+            self.fell_back = True
+            return self.backend.step(items, keep)
+
+
+# -- backends ------------------------------------------------------------------------------------------------------
+
+
+class LocalBackend:
+    """A bundle (and n-gram) in this process: states are ``DecoderState`` objects, never encoded."""
+
+    def __init__(self, lm):
+        self.lm = lm
+        self.open_vocabulary = lm.scorer.pieces is not None
+        self.describe = f"local bundle {lm.scorer.bundle.path}"
+
+    def start(self):
+        return self.lm.start_state()
+
+    def vocabulary(self) -> list[str]:
+        return [t for t in self.lm.scorer.bundle.tokens if not (t.startswith("<") and t.endswith(">"))]
+
+    def step(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
+        from lmserve.rescoring.interpolated import Step
+
+        steps = [Step(state.handle, words, "objects" if keep else "none") for state, words in items]
+        return [
+            [Scored(w.neural, w.logprob, w.oov, w.after) for w in words] for words in self.lm.next_words_batch(steps)
+        ]
+
+    def track(self, state: LMState) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteBackend:
+    """lm-serve: one stream (or a unary call per step) per object; requests split under the server's limits."""
+
+    def __init__(self, client, info, stream: bool = True, cache_states: bool = False):
+        self.client = client
+        self.info = info
+        self.model = info.name
+        self.use_stream = stream
+        self.cache_states = cache_states
+        self.stream = None
+        self.describe = f"lm-serve at {client.target} (model {info.name!r})"
+        self.open_vocabulary = json.loads(info.manifest_json or "{}").get("vocab", {}).get("type") == "subword"
+        self.released: list[str] = []  # cache ids of states the decoder dropped, sent with the next request
+        self.holders: dict[str, int] = {}  # cache id -> live states holding it
+        self.state_bytes = 0  # the size of a state token, once seen
+
+    def start(self):
+        return "" if self.cache_states else b""
+
+    def vocabulary(self) -> list[str]:
+        words = self._rpc(lambda: self.client.score_next_words(model=self.model, all_words=True)).words
+        return [w.word for w in words if not (w.word.startswith("<") and w.word.endswith(">"))]
+
+    def step(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
+        # items of more than MAX_CANDIDATES candidates are split into several items of the same state
+        flat = []
+        for index, (state, words) in enumerate(items):
+            for start in range(0, len(words), MAX_CANDIDATES):
+                flat.append((index, state.handle, words[start : start + MAX_CANDIDATES]))
+        out: list[list[Scored]] = [[] for _ in items]
+        begin = 0
+        while begin < len(flat):
+            end, states = begin, 0
+            while end < len(flat) and end - begin < MAX_ITEMS:
+                states += len(flat[end][2]) if keep else 0
+                if end > begin and states * max(self.state_bytes, 1) > MAX_STATE_BYTES:
+                    break
+                end += 1
+            response = self._request([(handle, words) for _, handle, words in flat[begin:end]], keep)
+            for (index, _, _), answer in zip(flat[begin:end], response.items, strict=True):
+                out[index].extend(self._scored(word) for word in answer.words)
+            begin = end
+        return out
+
+    def _scored(self, word) -> Scored:
+        handle = None
+        if word.state_id:
+            handle = word.state_id
+        elif word.state:
+            handle = word.state
+            self.state_bytes = len(word.state)
+        return Scored(word.neural, word.logprob, word.oov, handle)
+
+    def _request(self, items, keep: bool):
+        release, self.released = self.released, []
+        cache = keep and self.cache_states
+        kwargs = dict(model=self.model, cache_states=cache, scores_only=not keep, release=release)
+        if not self.use_stream:
+            return self._rpc(lambda: self.client.score_next_words_batch(items, **kwargs))
+        if self.stream is None:
+            self.stream = self.client.stream_next_words()
+        try:
+            return self._rpc(lambda: self.stream.step(items, **kwargs))
+        except LMServeError:
+            self.stream = None  # an error ends a stream: the next step opens another
+            raise
+
+    def _rpc(self, call):
+        try:
+            return call()
+        except grpc.RpcError as error:
+            failure = LMServeError(f"lm-serve at {self.client.target}: {error.code().name}: {error.details()}")
+            failure.unavailable = error.code() == grpc.StatusCode.UNAVAILABLE
+            failure.code = error.code()
+            raise failure from None
+
+    def track(self, state: LMState) -> None:
+        """Release ``state``'s cache id once no state holding it is left (the decoder dropped them)."""
+        if isinstance(state.handle, str) and state.handle:
+            self.holders[state.handle] = self.holders.get(state.handle, 0) + 1
+            weakref.finalize(state, self._drop, state.handle)
+
+    def _drop(self, state_id: str) -> None:
+        left = self.holders.get(state_id, 1) - 1
+        if left > 0:
+            self.holders[state_id] = left
+        else:
+            self.holders.pop(state_id, None)
+            self.released.append(state_id)
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        self.client.close()
+
+
+class NgramBackend:
+    """A KenLM model alone, standing in for an unreachable server (``fallback_ngram``): the context of a state made
+    before is read off its path."""
+
+    def __init__(self, path: str | Path):
+        from lmserve.rescoring.ngram import NgramLM
+
+        self.ngram = NgramLM(path)
+        self.open_vocabulary = True  # (partial words: the vocabulary of the server, when it was read before)
+        self.describe = f"n-gram {path} (fallback)"
+
+    def start(self):
+        return self.ngram.begin_state()
+
+    def vocabulary(self) -> list[str]:
+        return []
+
+    def step(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
+        from lmserve.rescoring.ngram import NgramState
+
+        out = []
+        for state, words in items:
+            context = state.handle
+            if not isinstance(context, NgramState):
+                context = self.ngram.state_from_context(["<s>", *state.history()][-(self.ngram.order - 1) :])
+            scored = []
+            for word in words:
+                logprob, after = self.ngram.step(context, word)
+                scored.append(Scored(math.nan, logprob, word not in self.ngram.model, after))
+            out.append(scored)
+        return out
+
+    def track(self, state: LMState) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

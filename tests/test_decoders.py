@@ -1,0 +1,373 @@
+"""lmserve's LMs inside real decoders: pyctcdecode and flashlight-text (torchaudio's decoder where it exists), each
+with a local bundle and with lm-serve (batch calls, a stream, cached states), on synthetic emissions of tiny-model
+sentences. The adapter's summed LM score of the decoded path equals ``lm-rescore score`` (the scorer) of the decoded
+sentence, a beam step is one LM call, a word is scored at its boundary only (character and subword-piece decoders),
+and the faults: a server stopped mid-decode is an error naming its address, or with a fallback n-gram a warning (once)
+and a finished decode; a reload mid-decode keeps the states (same bundle) or refuses them (FAILED_PRECONDITION).
+
+The decoders are optional (``pip install -e '.[decoders]'``, which ``make test`` installs): their tests skip, saying
+so, where a package is missing."""
+
+import logging
+
+import numpy as np
+import pytest
+from conftest import make_sentences
+
+from benchmarks.synthetic_ctc import Channel, clean_emissions
+from lmserve.rescoring.client import LMServeClient
+from lmserve.rescoring.decoders.lm import DecoderLM, LMServeError
+from lmserve.rescoring.interpolated import InterpolatedLM
+from lmserve.rescoring.ngram import NgramLM, build_ngram
+from lmserve.rescoring.scorer import Scorer
+from lmserve.server.process import ServerProcess
+
+pyctcdecode = pytest.importorskip(
+    "pyctcdecode", reason="pyctcdecode is not installed (pip install -e '.[decoders]'; make test installs it)"
+)
+from lmserve.rescoring.decoders.pyctcdecode_lm import (  # noqa: E402
+    BatchedBeamSearchDecoderCTC,
+    LMServeLanguageModel,
+    build_ctcdecoder,
+)
+
+LAMBDA = 0.4
+LABELS = ["", " ", "w", *"0123456789"]
+SENTENCES = ["w1 w2 w3", "w5 w7 w7", "w0 w3 w1 w4 w2 w9 w11", "w12"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("decoders")
+    build_ngram((s.split() for s in make_sentences(300, seed=1)), 3, root / "train3", discount_fallback=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def bundle(bundles):
+    return bundles[("full", 0.0)][1]
+
+
+@pytest.fixture(scope="module")
+def local(bundle):
+    return DecoderLM.local(bundle)
+
+
+@pytest.fixture(scope="module")
+def engine(bundle, root):
+    return InterpolatedLM(Scorer(bundle, threads=1), NgramLM(root / "train3.bin"), LAMBDA)
+
+
+def write_config(root, bundle, name="serve.toml"):
+    path = root / name
+    path.write_text(
+        "[server]\nworkers = 1\nadmin = true\n[state_cache]\nmax_mb = 4.0\n"
+        f'[models.exact]\nbundle = "{bundle}"\nngram = "train3.bin"\nlambda = {LAMBDA}\n'
+        f'[models.plain]\nbundle = "{bundle}"\n'
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(root, bundle):
+    with ServerProcess(write_config(root, bundle), root / "server.log") as server:
+        yield server
+        assert server.stop() == 0
+
+
+def sentence_logprob(engine: InterpolatedLM, text: str, interpolated: bool = False) -> float:
+    (scores,) = engine.score([text])
+    return float((scores.interpolated if interpolated else scores.neural).sum())
+
+
+# -- pyctcdecode ------------------------------------------------------------------------------------------------
+
+
+def decode_path(decoder, emissions, beam_width=16):
+    """The best beam's text and its last LM state (pyctcdecode keeps it: the state after the last word and </s>)."""
+    text, state, *_ = decoder.decode_beams(emissions, beam_width=beam_width)[0]
+    return text, state
+
+
+def test_pyctcdecode_decodes_with_a_local_bundle_and_its_lm_scores_add_up(local, engine):
+    decoder = build_ctcdecoder(LABELS, local, alpha=0.5, beta=1.0)
+    assert isinstance(decoder, BatchedBeamSearchDecoderCTC)
+    for text in SENTENCES:
+        got, state = decode_path(decoder, clean_emissions(text, LABELS))
+        assert got == text and state.ended and state.words == len(text.split())
+        assert state.neural == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
+        assert state.logprob == pytest.approx(state.neural, abs=1e-9)  # no n-gram: logprob is the neural score
+
+
+def test_a_beam_step_is_one_lm_call_and_decodes_as_pyctcdecode_alone(bundle):
+    """The batched decoder gives pyctcdecode's own answer with the same LM, in fewer calls."""
+    rng = np.random.default_rng(3)
+    channel = Channel(sub=0.15, dropped=0.05, ins=0.05)
+    utterances = [channel.emissions(text, LABELS, rng) for text in SENTENCES]
+    results, calls = {}, {}
+    for name, make in (("batched", BatchedBeamSearchDecoderCTC), ("plain", pyctcdecode.BeamSearchDecoderCTC)):
+        lm = DecoderLM.local(bundle)
+        decoder = make(pyctcdecode.Alphabet.build_alphabet(LABELS), LMServeLanguageModel(lm, alpha=0.8, beta=0.5))
+        results[name] = [decoder.decode_beams(e, beam_width=8)[:3] for e in utterances]
+        calls[name] = (lm.calls, lm.pairs)
+    for batched, plain in zip(results["batched"], results["plain"], strict=True):
+        assert [b[0] for b in batched] == [p[0] for p in plain]
+        assert [b[-1] for b in batched] == pytest.approx([p[-1] for p in plain], abs=1e-4)
+    assert calls["batched"][1] == calls["plain"][1]  # the same (state, word) pairs scored ...
+    assert calls["batched"][0] < calls["plain"][0] / 2, calls  # ... in fewer LM calls
+    assert calls["plain"][0] >= calls["plain"][1], calls  # (alone: a call per pair, two for a last word and </s>)
+
+
+def test_the_lm_repairs_what_the_channel_broke(local):
+    """w1 w2 w3 with every character's greedy choice wrong for a third of the text: the LM finds the words."""
+    rng = np.random.default_rng(7)
+    channel = Channel(sub=0.3, dropped=0.0, ins=0.0, peak=0.5, second=0.45)
+    texts = make_sentences(12, seed=5)
+    emissions = [channel.emissions(t, LABELS, rng) for t in texts]
+    plain = build_ctcdecoder(LABELS)
+    fused = build_ctcdecoder(LABELS, local, alpha=1.0, beta=2.0)
+
+    def errors(decoder):
+        return sum(decoder.decode(e, beam_width=16).split() != t.split() for e, t in zip(emissions, texts, strict=True))
+
+    assert errors(fused) < errors(plain)
+
+
+def test_partial_words_and_oov_words(local):
+    lm = LMServeLanguageModel(local, alpha=1.0, beta=0.0, unk_score_offset=-10.0)
+    assert lm.score_partial_token("w1") == 0.0 and lm.score_partial_token("") == 0.0
+    assert lm.score_partial_token("x") == -10.0  # no vocabulary word starts so
+    assert lm.score_partial_token("w1234567") == pytest.approx(-10.0 * 8 / 6)  # scaled past 6 characters, as KenLM's
+    start = lm.get_start_state()
+    known, _ = lm.score(start, "w1")
+    unknown, state = lm.score(start, "w99")
+    assert state.word_oov and unknown == pytest.approx(state.word_logprob - 10.0)  # scored as <unk>, plus the offset
+    assert not lm.score(start, "w1")[1].word_oov and known == lm.score(start, "w1")[0]  # memoised
+
+
+def test_subword_piece_labels_are_scored_at_word_boundaries_only(local, engine):
+    """A BPE-style alphabet ("▁" starts a word): the LM is asked for whole words and </s>, never for pieces."""
+    labels = ["", "▁w", "▁w1", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]
+    asked = []
+    original = local.score_many
+
+    def spy(pairs, keep=True):
+        asked.extend(word for _, word, _ in pairs)
+        return original(pairs, keep)
+
+    local.score_many = spy
+    try:
+        decoder = build_ctcdecoder(labels, local, alpha=0.5, beta=1.0)
+        text = "w12 w3 w1"
+        pieces = " ".join(["▁w1 2", "▁w 3", "▁w1"]).split()  # as a BPE model might spell it
+        emissions = np.full((2 * len(pieces), len(labels)), np.log(0.02 / (len(labels) - 1)), dtype=np.float32)
+        for k, piece in enumerate(pieces):
+            emissions[2 * k, labels.index(piece)] = np.log(0.98)
+            emissions[2 * k + 1, 0] = np.log(0.98)
+        got, state = decode_path(decoder, emissions)
+    finally:
+        del local.score_many
+    assert got == text
+    assert set(asked) <= {*text.split(), "w1", "w", ""} and all(w.startswith("w") or w == "" for w in asked)
+    assert state.neural == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
+
+
+def test_a_word_that_normalises_to_several_tokens_scores_their_sum(bundle):
+    """With a normaliser that splits hyphenated words, 'w1-w2' is the tokens w1 and w2, read in turn."""
+    from lmserve.rescoring.textnorm import TextNormalizer
+
+    lm = DecoderLM.local(bundle)
+    lm.normalizer = TextNormalizer(hyphens="split", punctuation="strip")
+    start = lm.start()
+    joined, state = lm.score(start, "w1-w2", True)
+    a, after = lm.score(start, "w1")
+    b, _ = lm.score(after, "w2", True)
+    assert joined == pytest.approx(a + b, abs=1e-5) and state.history() == ["w1", "w2"]
+    assert state.word_tokens == 2 and lm.score(start, "!!")[0] == 0.0  # punctuation only: nothing read
+
+
+# -- lm-serve behind the adapter --------------------------------------------------------------------------------
+
+
+def noisy(texts, seed=11):
+    rng = np.random.default_rng(seed)
+    channel = Channel(sub=0.15, dropped=0.05, ins=0.05)
+    return [channel.emissions(t, LABELS, rng) for t in texts]
+
+
+@pytest.mark.parametrize("how", ["stream", "batch", "stream-cache"])
+def test_pyctcdecode_with_lm_serve_decodes_as_with_the_local_bundle(server, bundle, root, engine, how):
+    local = DecoderLM.local(bundle, root / "train3.bin", LAMBDA)
+    with DecoderLM.remote(server.address, "exact", stream=how != "batch", cache_states=how == "stream-cache") as remote:
+        decoders = [build_ctcdecoder(LABELS, lm, alpha=0.8, beta=0.5) for lm in (local, remote)]
+        for emissions in noisy(SENTENCES):
+            (text, state), (remote_text, remote_state) = (decode_path(d, emissions, 12) for d in decoders)
+            assert remote_text == text
+            assert remote_state.logprob == pytest.approx(state.logprob, abs=1e-4)
+            assert state.logprob == pytest.approx(sentence_logprob(engine, text, interpolated=True), abs=1e-4)
+            assert remote_state.neural == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
+        assert remote.calls == local.calls  # one request per beam step and token depth, as one local step
+        if how == "stream-cache":
+            del decoders, state, remote_state
+            import gc
+
+            gc.collect()
+            backend = remote.backend
+            assert backend.released and not backend.holders  # every cached state of the search was dropped ...
+            remote.score(remote.start(), "w1")
+            assert not backend.released  # ... and released with the next request
+
+
+def stop_at_call(lm: DecoderLM, call: int, action) -> None:
+    """Run ``action`` just before the LM's ``call``-th backend call (mid-decode)."""
+    step = lm._call
+
+    def wrapped(items, keep):
+        if lm.calls == call - 1:
+            action()
+        return step(items, keep)
+
+    lm._call = wrapped
+
+
+def test_a_server_stopped_mid_decode_is_an_error_naming_its_address(root, bundle):
+    with ServerProcess(write_config(root, bundle, "stop.toml"), root / "stop.log") as server:
+        lm = DecoderLM.remote(server.address, "exact")
+        decoder = build_ctcdecoder(LABELS, lm)
+        stop_at_call(lm, 5, server.stop)
+        with pytest.raises(LMServeError, match=f"lm-serve at {server.address}: UNAVAILABLE"):
+            decoder.decode(noisy(SENTENCES[:1])[0])
+
+
+def test_a_server_stopped_mid_decode_falls_back_to_the_ngram_and_says_so_once(root, bundle, caplog):
+    with ServerProcess(write_config(root, bundle, "fallback.toml"), root / "fallback.log") as server:
+        lm = DecoderLM.remote(server.address, "exact", fallback_ngram=root / "train3.bin")
+        decoder = build_ctcdecoder(LABELS, lm, alpha=0.8, beta=0.5)
+        stop_at_call(lm, 5, server.stop)
+        with caplog.at_level(logging.WARNING, logger="lmserve.decoders"):
+            texts = [decoder.decode_beams(e, beam_width=8)[0] for e in noisy(SENTENCES)]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "lmserve.decoders"]
+    assert len(warnings) == 1 and f"lm-serve at {server.address}: UNAVAILABLE" in warnings[0]
+    assert "n-gram" in warnings[0] and lm.fell_back
+    ngram = NgramLM(root / "train3.bin")
+    text, state = texts[-1][0], texts[-1][1]  # a whole utterance after the fallback: the n-gram's own score
+    assert np.isnan(state.neural) and state.logprob == pytest.approx(ngram.score(text.split()), abs=1e-6)
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_reload_mid_decode_keeps_the_states_or_refuses_them(root, bundle, bundles, changed):
+    config = write_config(root, bundle, f"reload{changed}.toml")
+    with ServerProcess(config, root / f"reload{changed}.log") as server:
+        emissions = noisy(SENTENCES[2:3])[0]
+        expected = build_ctcdecoder(LABELS, DecoderLM.remote(server.address, "plain")).decode_beams(emissions)[0]
+        lm = DecoderLM.remote(server.address, "plain")
+
+        def reload():
+            if changed:
+                config.write_text(config.read_text().replace(str(bundle), str(bundles[("full", 0.5)][1])))
+            with LMServeClient(server.address) as admin:
+                admin.reload_models()
+
+        stop_at_call(lm, 5, reload)
+        decoder = build_ctcdecoder(LABELS, lm)
+        if not changed:
+            got = decoder.decode_beams(emissions)[0]
+            assert got[0] == expected[0] and got[1].logprob == pytest.approx(expected[1].logprob, abs=1e-6)
+        else:
+            with pytest.raises(LMServeError, match="FAILED_PRECONDITION: .*before a reload.*restart the sentence"):
+                decoder.decode_beams(emissions)
+        assert server.stop() == 0
+
+
+# -- flashlight-text --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def flashlight():
+    return pytest.importorskip(
+        "lmserve.rescoring.decoders.flashlight_lm",
+        reason="flashlight-text is not installed (pip install -e '.[decoders]'; make test installs it)",
+    )
+
+
+FL_TOKENS = ["-", "|", "w", *"0123456789"]  # blank, silence (the word separator), characters
+WORDS = [f"w{i}" for i in range(40)]
+
+
+def fl_emissions(text: str, channel: Channel | None = None, seed: int = 0) -> np.ndarray:
+    """Silence ("|") ends the utterance, as wav2letter-style lexicons (spellings end with "|") expect."""
+    labels = ["", " ", *FL_TOKENS[2:]]  # the same indices, as the channel names them
+    if channel is None:
+        emissions = clean_emissions(text, labels)
+    else:
+        emissions = channel.emissions(text, labels, np.random.default_rng(seed))
+    silence = np.full((1, len(labels)), np.log(0.02 / (len(labels) - 1)), dtype=np.float32)
+    silence[0, 1] = np.log(0.98)
+    return np.concatenate([emissions, silence])
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_flashlight_lexicon_decoder_with_our_lm(flashlight, local, server, engine, where):
+    lm = local if where == "local" else DecoderLM.remote(server.address, "plain")
+    words = [*WORDS, "<unk>"]
+    fl_lm = flashlight.LMServeFlashlightLM(lm, words)
+    lexicon = {w: [[*w, "|"]] for w in WORDS}
+    decoder = flashlight.lexicon_decoder(FL_TOKENS, lexicon, fl_lm, beam_size=16, lm_weight=0.5, word_score=0.5)
+    for text in SENTENCES:
+        (best,) = decoder.decode(fl_emissions(text))
+        assert " ".join(best.words) == text
+        assert best.lm_logprob == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
+        assert best.lm_score == pytest.approx(best.lm_logprob, abs=1e-3)  # flashlight's own sum agrees
+    # noisy emissions: the LM is asked once per (state, word), however often flashlight asks
+    asked = fl_lm.lm.pairs
+    decoder.decode(fl_emissions(SENTENCES[2], Channel(sub=0.2), seed=3))
+    assert fl_lm.lm.pairs - asked <= len(fl_lm.states)
+
+
+def test_flashlight_with_subword_pieces_scores_whole_words(flashlight, local, engine):
+    """Pieces spell the lexicon's words (no silence between words): the LM hears a word when its spelling ends."""
+    tokens = ["-", "|", "▁w", "▁w1", *"0123456789"]
+    lexicon = {w: [["▁w1", *w[2:]] if w.startswith("w1") else ["▁w", *w[1:]]] for w in WORDS}
+    asked = []
+    original = local.score_many
+
+    def spy(pairs, keep=True):
+        asked.extend(word for _, word, _ in pairs)
+        return original(pairs, keep)
+
+    local.score_many = spy
+    try:
+        fl_lm = flashlight.LMServeFlashlightLM(local, [*WORDS, "<unk>"])
+        decoder = flashlight.lexicon_decoder(tokens, lexicon, fl_lm, beam_size=16, lm_weight=0.5, sil_score=-100.0)
+        text = "w12 w3 w1"
+        pieces = ["▁w1", "2", "▁w", "3", "▁w1"]
+        emissions = np.full((2 * len(pieces), len(tokens)), np.log(0.02 / (len(tokens) - 1)), dtype=np.float32)
+        for k, piece in enumerate(pieces):
+            emissions[2 * k, tokens.index(piece)] = np.log(0.98)
+            emissions[2 * k + 1, 0] = np.log(0.98)
+        (best,) = decoder.decode(emissions)
+    finally:
+        del local.score_many
+    assert " ".join(best.words) == text
+    assert set(asked) <= {*WORDS, ""}  # whole words (and "" for </s>), never a piece
+    assert best.lm_logprob == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
+
+
+def test_torchaudio_ctc_decoder_takes_our_lm(flashlight, local, engine, tmp_path):
+    """README's torchaudio snippet: ctc_decoder(lm=LMServeFlashlightLM(...)), where torchaudio ships the decoder."""
+    decoders = pytest.importorskip("torchaudio.models.decoder", reason="torchaudio is not installed")
+    if not flashlight.TORCHAUDIO or not hasattr(decoders, "ctc_decoder"):
+        pytest.skip("the installed torchaudio has no CTC decoder (torchaudio 2.9 removed it): flashlight-text direct")
+    import torch
+
+    lexicon = tmp_path / "lexicon.txt"
+    lexicon.write_text("".join(f"{w} {' '.join(w)} |\n" for w in WORDS))
+    lm = flashlight.LMServeFlashlightLM(local, [*WORDS, "<unk>"])  # the LM's words in the lexicon's order
+    decoder = decoders.ctc_decoder(
+        lexicon=str(lexicon), tokens=FL_TOKENS, lm=lm, beam_size=16, lm_weight=0.5, blank_token="-", sil_token="|"
+    )
+    for text in SENTENCES:
+        (best, *_), *_ = decoder(torch.from_numpy(fl_emissions(text))[None])
+        assert " ".join(best.words) == text
+        path = lm.path([lm.words.index(w) for w in best.words])
+        assert path.logprob == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
