@@ -10,6 +10,8 @@ A bundle is a directory::
     step.onnx          one step for decoders -> scores of K candidate next words
     step_full.onnx     one step for decoders -> scores of the whole vocabulary
     subword.model      version 3 only: the sentencepiece model whose pieces vocab.tsv lists
+    sentences_open.onnx  optional (heads that spell: charcnn, cnnsoftmax): whole sentences whose unknown words are
+                       scored from their spelling
 
 Graphs (float32 scores in natural log; dynamic batch B, length T, candidates K; L layers, state size H):
 
@@ -23,6 +25,14 @@ Graphs (float32 scores in natural log; dynamic batch B, length T, candidates K; 
   [B, K], ``h_out``, ``c_out`` [L, B, H]. The state goes in *before* ``prev_ids`` is read and comes out after it;
   the scores are for the word that follows ``prev_ids``. A sentence starts with a zero state and ``prev_ids = <s>``.
 - ``step_full``: as ``step`` without ``candidates``; ``logprobs`` is [B, V].
+- ``sentences_open`` (optional, with ``spelling``): as ``sentences``, plus ``target_chars`` int64 [B, T, C] (C =
+  ``spelling.max_chars`` + 2): at a position whose target is a word outside the vocabulary (its id is <unk>'s), the
+  word's spelling, ``bow``, the ids of its characters (``spelling.chars[i]`` has id ``first_char_id + i``;
+  characters not listed are left out; at most ``max_chars``), ``eow``, padded with ``pad``; all ``pad`` elsewhere.
+  Spelled positions score the word itself instead of <unk>: for an ``exact`` bundle its log-probability under the
+  softmax over the vocabulary with the word in <unk>'s place (the model as if its vocabulary had held the word; the
+  spelled words' probabilities do not add up to <unk>'s), for a self-normalised one its unnormalised score. The
+  other positions score as ``sentences`` does. (``training.heads.base.LinearHead.spelled_logprob``.)
 
 The scores of all three graphs are the same function: summing ``step`` scores word by word (then ``</s>``) gives the
 ``sentences`` score. ``normalisation`` says what that function is, as measured at export
@@ -49,7 +59,10 @@ text                how the training text became tokens: {"tokenizer": "whitespa
                     ``rescoring.textnorm.TextNormalizer`` (``{"tokenizer": "textnorm", ...}``); the scorer
                     applies it to the text it is given unless the caller passes another normaliser
 model               {"layers", "hidden_size", "embedding_size", "projection_size"}
-graphs              {"sentences", "step", "step_full"}: file names
+graphs              {"sentences", "step", "step_full"}: file names; "sentences_open" too with ``spelling``
+spelling            optional, for heads whose output vectors come from characters (charcnn, cnnsoftmax):
+                    {"chars": the characters by id, "first_char_id", "max_chars", "pad", "bow", "eow"}; with it
+                    the scorer can score words outside the vocabulary from their spelling (``Scorer(open_vocab=True)``)
 opset               ONNX opset of the graphs
 quantization        null, or "int8-dynamic" (weights int8, activations quantised on the fly)
 heldout             measured at export on held-out text, sentence by sentence: {"file", "sentences", "tokens",
@@ -81,6 +94,9 @@ GRAPHS = ("sentences", "step", "step_full")
 MANIFEST_FILE = "manifest.json"
 VOCAB_FILE = "vocab.tsv"  # the names export gives the files; a manifest may name others
 GRAPH_FILES = {graph: f"{graph}.onnx" for graph in GRAPHS}
+OPEN_GRAPH = "sentences_open"  # optional, with the manifest's "spelling"
+OPEN_GRAPH_FILE = f"{OPEN_GRAPH}.onnx"
+SPELLING_FIELDS = ("chars", "first_char_id", "max_chars", "pad", "bow", "eow")
 NORMALISATIONS = ("exact", "self-normalised", "unnormalised")
 REQUIRED = {
     "format": str,
@@ -144,6 +160,11 @@ class Bundle:
         """The sentencepiece model of an open-vocabulary bundle (format 3), None for a word vocabulary."""
         name = self.manifest["vocab"].get("subword_model")
         return self.path / name if name else None
+
+    @property
+    def spells(self) -> bool:
+        """Whether the bundle can score words outside its vocabulary from their spelling (``sentences_open``)."""
+        return "spelling" in self.manifest
 
     @property
     def normalisation(self) -> str:
@@ -225,6 +246,22 @@ def validate_manifest(manifest: dict, where: Path | str) -> None:
         name = manifest["graphs"].get(graph)
         if name not in manifest["files"]:
             raise BundleError(f"{where}: graphs.{graph} = {name!r} is not listed in 'files'")
+    spelling = manifest.get("spelling")
+    if (spelling is None) != (OPEN_GRAPH not in manifest["graphs"]):
+        raise BundleError(f"{where}: 'spelling' and graphs.{OPEN_GRAPH} go together: one is there without the other")
+    if spelling is not None:
+        if not isinstance(spelling, dict) or any(field not in spelling for field in SPELLING_FIELDS):
+            raise BundleError(f"{where}: field 'spelling' must be an object with {', '.join(SPELLING_FIELDS)}")
+        chars = spelling["chars"]
+        if not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+            raise BundleError(f"{where}: field 'spelling.chars' must be a list of single characters")
+        for field in ("first_char_id", "max_chars", "pad", "bow", "eow"):
+            if type(spelling[field]) is not int or spelling[field] < 0:
+                raise BundleError(f"{where}: field 'spelling.{field}' = {spelling[field]!r}: expected an integer >= 0")
+        if manifest["graphs"][OPEN_GRAPH] not in manifest["files"]:
+            raise BundleError(
+                f"{where}: graphs.{OPEN_GRAPH} = {manifest['graphs'][OPEN_GRAPH]!r} is not listed in 'files'"
+            )
     if manifest["vocab"]["file"] not in manifest["files"]:
         raise BundleError(f"{where}: vocab.file {manifest['vocab']['file']!r} is not listed in 'files'")
     vocab_type = manifest["vocab"].get("type", "word")

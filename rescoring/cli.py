@@ -67,7 +67,12 @@ def _tokenised(paths: list[str], view: Callable[[str], list[str]]) -> Iterator[l
 def _score(args) -> int:
     from lmserve.rescoring.scorer import Scorer
 
-    scorer = Scorer(args.lm, threads=args.threads, normalizer=PRESETS[args.normalize] if args.normalize else None)
+    scorer = Scorer(
+        args.lm,
+        threads=args.threads,
+        normalizer=PRESETS[args.normalize] if args.normalize else None,
+        open_vocab=args.open_vocab,
+    )
     if args.input == "-":
         sentences = read_lines(sys.stdin.buffer, "<stdin>")
     else:
@@ -82,6 +87,8 @@ def _score(args) -> int:
         if args.format == "jsonl":
             tokens = s.token_log10probs if args.log10 else s.token_logprobs
             record = {"text": text, "logprob": s.logprob, "log10prob": s.log10prob, "oov": s.oov}
+            if args.open_vocab:
+                record["spelled"] = s.spelled
             if args.per_token:
                 record["tokens"] = [[w, float(v)] for w, v in zip([*s.words, "</s>"], tokens, strict=True)]
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -93,8 +100,10 @@ def _score(args) -> int:
             out.write(f"{total:.6f}\n")
     tokens = sum(len(s.token_logprobs) for s in scores)
     kind = SCORE_KINDS[scorer.normalisation]
+    spelled = sum(s.spelled for s in scores)
+    oov = f"{spelled} OOV words spelled" if args.open_vocab else f"{sum(s.oov for s in scores)} OOV words as <unk>"
     print(
-        f"lm-rescore: {len(scores)} sentences, {tokens} tokens, {sum(s.oov for s in scores)} OOV words as <unk>; "
+        f"lm-rescore: {len(scores)} sentences, {tokens} tokens, {oov}; "
         f"{kind} ({'log10' if args.log10 else 'natural log'}); {tokens / max(elapsed, 1e-9):.0f} tokens/s",
         file=sys.stderr,
     )
@@ -227,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--normalize",
         choices=sorted(PRESETS),
         help="text normalisation preset (default: the bundle's own text settings), as lm-serve's models.NAME.normalize",
+    )
+    score.add_argument(
+        "--open-vocab",
+        action="store_true",
+        help="score words outside the vocabulary from their spelling, not as <unk> (bundles of charcnn and "
+        "cnnsoftmax heads), as lm-serve's models.NAME.open_vocab",
     )
     score.set_defaults(func=_score)
 

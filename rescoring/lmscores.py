@@ -90,7 +90,10 @@ def cache_key(
 def models_key(scorer: Scorer | None, ngram: NgramLM | None, normalizer: TextNormalizer) -> dict[str, str | None]:
     """What the scores depend on besides the texts: the bundle's files, the n-gram file, the normaliser."""
     return {
-        "neural": None if scorer is None else json.dumps(scorer.bundle.manifest["files"], sort_keys=True),
+        "neural": None
+        if scorer is None
+        else json.dumps(scorer.bundle.manifest["files"], sort_keys=True)
+        + (" open_vocab" if getattr(scorer, "open_vocab", False) else ""),
         "ngram": None if ngram is None else ngram.fingerprint,
         "normalizer": json.dumps(normalizer.to_dict(), sort_keys=True),
     }

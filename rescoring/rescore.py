@@ -42,14 +42,22 @@ class LanguageModels:
 
     @classmethod
     def load(
-        cls, lm: str | Path | None, ngram: str | Path | None, normalize: str | None = None, threads: int = 0
+        cls,
+        lm: str | Path | None,
+        ngram: str | Path | None,
+        normalize: str | None = None,
+        threads: int = 0,
+        open_vocab: bool = False,
     ) -> LanguageModels:
-        """``normalize``: a preset of ``rescoring.textnorm.PRESETS``; by default the bundle's own text settings."""
+        """``normalize``: a preset of ``rescoring.textnorm.PRESETS``; by default the bundle's own text settings.
+        ``open_vocab``: the bundle scores unknown words from their spelling (``Scorer``)."""
         if normalize is not None and normalize not in PRESETS:
             raise ValueError(f"unknown text normalisation {normalize!r}; expected one of {sorted(PRESETS)}")
         scorer = None
         if lm is not None:
-            scorer = Scorer(lm, threads=threads, normalizer=PRESETS[normalize] if normalize else None)
+            scorer = Scorer(
+                lm, threads=threads, normalizer=PRESETS[normalize] if normalize else None, open_vocab=open_vocab
+            )
         normalizer = scorer.normalizer if scorer is not None else PRESETS[normalize or "none"]
         return cls(
             scorer,

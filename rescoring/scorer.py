@@ -14,6 +14,11 @@ Two ways in:
   tail through the ``sentences`` graph from its branch state (``Scorer._run_forest``); the scores equal those of
   ``score`` on each hypothesis alone.
 
+With ``open_vocab=True`` a bundle whose head spells (charcnn, cnnsoftmax: its manifest has ``spelling``) scores the
+words outside its vocabulary from their spelling instead of as <unk> (``rescoring.bundle``, ``sentences_open``):
+each sentence that has one goes through the ``sentences_open`` graph whole, with the spellings of its unknown words;
+``SentenceScore.spelled`` counts them. The decoder steps (``next_word_scores``) still read and score them as <unk>.
+
 An open-vocabulary bundle (format 3) scores sentencepiece pieces; both ways spell each word into its pieces
 (``rescoring.subword``), run the pieces as above, and give back per-word scores, a word's being the sum of its
 pieces'. The tokens of ``encode``, ``score_ids`` and the decoder steps are then pieces.
@@ -44,7 +49,8 @@ UNK, BOS, EOS = 0, 1, 2  # fixed ids of the bundle vocabulary
 class SentenceScore:
     words: list[str]  # the tokens the model saw (after the bundle's text settings), without <s> and </s>
     token_logprobs: np.ndarray  # natural log, one per word and a last one for </s>
-    oov: int  # words that were not in the vocabulary and were scored as <unk>
+    oov: int  # words that were not in the vocabulary (scored as <unk>, unless spelled)
+    spelled: int = 0  # of those, the ones scored from their spelling (``Scorer(open_vocab=True)``)
 
     @property
     def logprob(self) -> float:
@@ -98,10 +104,12 @@ class Scorer:
         providers: Sequence[str] | None = None,
         max_batch_tokens: int = 0,
         normalizer: TextNormalizer | None = None,
+        open_vocab: bool = False,
     ):
         """``normalizer`` turns text into the tokens the model was trained on; by default the bundle's own ``text``
         settings (what its training text looked like). Pass one (e.g. ``PRESETS["ptb"]``) to score text from
-        another source, such as ASR hypotheses for a PTB model."""
+        another source, such as ASR hypotheses for a PTB model. ``open_vocab``: score unknown words from their
+        spelling (a bundle with ``spelling`` only)."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
         self.index = {token: i for i, token in enumerate(self.bundle.tokens)}  # tokens: words, or subword pieces
@@ -122,6 +130,9 @@ class Scorer:
         options.inter_op_num_threads = 1
         self.providers = list(providers or default_providers())
         self.sessions = {name: self._session(name, options) for name in ("sentences", "step", "step_full")}
+        self.open_vocab = open_vocab
+        if open_vocab:
+            self._open_spelling(options)
         self.layers = manifest["model"]["layers"]
         self.state_size = manifest["model"]["hidden_size"]
         self.continues_from_state = "h0" in {i.name for i in self.sessions["sentences"].get_inputs()}
@@ -135,6 +146,25 @@ class Scorer:
             return ort.InferenceSession(str(path), options, providers=self.providers)
         except Exception as e:  # onnxruntime's InvalidProtobuf, Fail, ...: no common base class but Exception
             raise BundleError(f"{path}: ONNX Runtime cannot load the {name!r} graph: {type(e).__name__}: {e}") from e
+
+    def _open_spelling(self, options: ort.SessionOptions) -> None:
+        where = self.bundle.path / "manifest.json"
+        if self.pieces is not None:
+            raise BundleError(f"{where}: open_vocab is for word vocabularies; a subword bundle has no unknown words")
+        if not self.bundle.spells:
+            raise BundleError(
+                f"{where}: open_vocab needs a bundle that spells words (head charcnn or cnnsoftmax, exported with "
+                f"'spelling' and a sentences_open graph); this one's head is {self.bundle.manifest['head']!r}"
+            )
+        spelling = self.bundle.manifest["spelling"]
+        self.char_ids = {c: spelling["first_char_id"] + i for i, c in enumerate(spelling["chars"])}
+        self.spelling = spelling
+        self.sessions["sentences_open"] = self._session("sentences_open", options)
+
+    def spell(self, word: str) -> list[int]:
+        """The character ids the ``sentences_open`` graph reads for a word (``rescoring.bundle``)."""
+        sp = self.spelling
+        return [sp["bow"], *[self.char_ids[c] for c in word if c in self.char_ids][: sp["max_chars"]], sp["eow"]]
 
     @property
     def normalised(self) -> bool:
@@ -190,12 +220,54 @@ class Scorer:
         memo: dict = {}
         encoded = [self.encode(s, memo) for s in sentences]
         results: list[SentenceScore | None] = [None] * len(sentences)
-        for members in self.plan_batches([ids for _, ids, _ in encoded]):
+        spelled = self._spelled(encoded)
+        plain = [i for i in range(len(encoded)) if not spelled[i]]
+        for members in self.plan_batches([encoded[i][1] for i in plain]):
+            members = [plain[m] for m in members]
             scores = self.score_ids([encoded[i][1] for i in members])
             for row, i in enumerate(members):
                 words, ids, oov = encoded[i]
                 results[i] = SentenceScore(words, self.word_scores(words, scores[row, : len(ids) + 1].copy()), oov)
+        opened = [i for i in range(len(encoded)) if spelled[i]]
+        for i, scores in zip(opened, self.score_spelled([encoded[i] for i in opened]), strict=True):
+            words, _, oov = encoded[i]
+            results[i] = SentenceScore(words, scores, oov, spelled[i])
         return results
+
+    def _spelled(self, encoded: Sequence[tuple[list[str], list[int], int]]) -> list[int]:
+        """How many words of each encoded sentence the open-vocabulary graph spells (0 without ``open_vocab``)."""
+        if not self.open_vocab:
+            return [0] * len(encoded)
+        return [sum(w not in self.index for w in words) if oov else 0 for words, _, oov in encoded]
+
+    def score_spelled(self, encoded: Sequence[tuple[list[str], list[int], int]]) -> list[np.ndarray]:
+        """Token scores (words and </s>) of encoded sentences through ``sentences_open``, their unknown words
+        spelled; batched by length as ``score`` does."""
+        out: list[np.ndarray | None] = [None] * len(encoded)
+        width = self.spelling["max_chars"] + 2 if encoded else 0
+        for members in self.plan_batches([ids for _, ids, _ in encoded]):
+            batch = [encoded[i] for i in members]
+            steps = max(len(ids) for _, ids, _ in batch) + 1
+            inputs = np.full((len(batch), steps), EOS, dtype=np.int64)
+            targets = np.full((len(batch), steps), EOS, dtype=np.int64)
+            chars = np.full((len(batch), steps, width), self.spelling["pad"], dtype=np.int64)
+            inputs[:, 0] = BOS
+            for row, (words, ids, _) in enumerate(batch):
+                inputs[row, 1 : len(ids) + 1] = ids
+                targets[row, : len(ids)] = ids
+                for t, word in enumerate(words):
+                    if word not in self.index:
+                        spelled = self.spell(word)
+                        chars[row, t, : len(spelled)] = spelled
+            lengths = np.array([len(ids) + 1 for _, ids, _ in batch], dtype=np.int64)
+            h0, c0 = self.zero_state(len(batch))
+            feed = {"input_ids": inputs, "target_ids": targets, "lengths": lengths, "h0": h0, "c0": c0}
+            self.stats.lstm_steps += int(lengths.sum())
+            self.stats.calls += 1
+            scores = self.sessions["sentences_open"].run(None, {**feed, "target_chars": chars})[0]
+            for row, i in enumerate(members):
+                out[i] = scores[row, : lengths[row]].copy()
+        return out
 
     def plan_batches(self, sentences: Sequence[list[int]]) -> list[list[int]]:
         """Indices of sentences of similar length, at most ``max_batch_tokens`` padded tokens per batch."""
@@ -327,13 +399,20 @@ class Scorer:
             paths.append(forest.add_list([[*ids, EOS] for _, ids, _ in hyps]))
         ends = np.array([path[-1] for hyp_paths in paths for path in hyp_paths], dtype=np.int64)
         edge_scores = self._run_forest(forest, ends, max_batch_rows)
-        return [
+        results = [
             [
                 SentenceScore(words, self.word_scores(words, edge_scores[path]), oov)
                 for (words, _, oov), path in zip(hyps, hyp_paths, strict=True)
             ]
             for hyps, hyp_paths in zip(encoded, paths, strict=True)
         ]
+        if self.open_vocab:  # hypotheses with unknown words again, whole, through the open graph
+            where = [(i, j) for i, hyps in enumerate(encoded) for j, n in enumerate(self._spelled(hyps)) if n]
+            spelled = self.score_spelled([encoded[i][j] for i, j in where])
+            for (i, j), scores in zip(where, spelled, strict=True):
+                words, _, oov = encoded[i][j]
+                results[i][j] = SentenceScore(words, scores, oov, sum(w not in self.index for w in words))
+        return results
 
     def _run_forest(self, forest: _PrefixForest, ends: np.ndarray, max_batch_rows: int) -> np.ndarray:
         """Score every edge of the forest (by child node), each prefix read by the LSTM once.

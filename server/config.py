@@ -43,6 +43,8 @@
     ngram = "ngrams/gutenberg_4gram.bin"   # optional KenLM model on the bundle's tokens
     normalize = "librispeech"     # optional rescoring.textnorm preset; default: the bundle's own text settings
     lambda = 0.5                  # optional per-word interpolation weight: ScoreSentences/ScoreNextWords add it
+    open_vocab = false            # optional: score unknown words from their spelling (a bundle whose head spells,
+                                  # charcnn or cnnsoftmax) in ScoreSentences and RescoreNBest/KBest, not as <unk>
     [models.librispeech.profiles] # weights files written by `lm-rescore tune`, by profile name
     dev_clean = "rescore/dev_clean.weights.json"
 
@@ -120,6 +122,7 @@ class ModelConfig:
     normalize: str | None = None
     lam: float | None = None
     profiles: dict[str, Path] = field(default_factory=dict)
+    open_vocab: bool = False
 
 
 @dataclass
@@ -194,7 +197,7 @@ def _tls(table: object, path: Path) -> Tls:
 def _model(table: object, path: Path, where: str) -> ModelConfig:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: {where} must be a table")
-    _only(table, {"bundle", "ngram", "normalize", "lambda", "profiles"}, path, where)
+    _only(table, {"bundle", "ngram", "normalize", "lambda", "profiles", "open_vocab"}, path, where)
     bundle = _typed(table, "bundle", str, path, where, required=True)
     ngram = _typed(table, "ngram", str, path, where)
     normalize = _typed(table, "normalize", str, path, where)
@@ -203,6 +206,9 @@ def _model(table: object, path: Path, where: str) -> ModelConfig:
         raise ConfigError(f"{path}: {where}.lambda = {lam}: expected a value in (0, 1)")
     if lam is not None and ngram is None:
         raise ConfigError(f"{path}: {where}.lambda needs {where}.ngram (it interpolates the two models)")
+    open_vocab = table.get("open_vocab", False)
+    if type(open_vocab) is not bool:
+        raise ConfigError(f"{path}: {where}.open_vocab = {open_vocab!r}: expected true or false")
     profiles = table.get("profiles", {})
     if not isinstance(profiles, dict) or not all(isinstance(v, str) for v in profiles.values()):
         raise ConfigError(f'{path}: {where}.profiles must be a table of NAME = "weights file"')
@@ -213,6 +219,7 @@ def _model(table: object, path: Path, where: str) -> ModelConfig:
         normalize,
         None if lam is None else float(lam),
         {name: base / file for name, file in profiles.items()},
+        open_vocab,
     )
 
 

@@ -38,7 +38,7 @@ class ServedModel:
 
     @classmethod
     def load(cls, name: str, config: ModelConfig, threads: int, generation: int = 1) -> ServedModel:
-        lms = LanguageModels.load(config.bundle, config.ngram, config.normalize, threads)
+        lms = LanguageModels.load(config.bundle, config.ngram, config.normalize, threads, config.open_vocab)
         if config.lam is not None and lms.normalisation == "unnormalised":
             raise ConfigError(
                 f"models.{name}.lambda: {config.bundle}'s scores are unnormalised (see its manifest's heldout log Z), "

@@ -33,6 +33,7 @@ from lmserve.rescoring.bundle import (  # the format, defined once where it is r
     FORMAT_VERSION,
     GRAPH_FILES,
     MANIFEST_FILE,
+    OPEN_GRAPH_FILE,
     SUBWORD_FORMAT_VERSION,
     VOCAB_FILE,
 )
@@ -85,6 +86,38 @@ class SentencesGraph(nn.Module):
         return torch.where(positions <= lengths.unsqueeze(1), scores, torch.zeros_like(scores))
 
 
+class OpenSentencesGraph(nn.Module):
+    """The ``sentences`` graph with the targets' spellings: ``target_chars`` [B, T, C] holds, at each position whose
+    target is a word outside the vocabulary (read as <unk>), that word's character ids (``charcnn.spell``, padded
+    with 0), and 0s elsewhere. Those positions are scored from the spelling (``LinearHead.spelled_logprob``, or the
+    spelled word's unnormalised score for a self-normalised model), the rest as ``SentencesGraph`` scores them."""
+
+    def __init__(self, model: LSTMLM, self_normalised: bool, unk_id: int = 0):
+        super().__init__()
+        self.model = model
+        self.self_normalised = self_normalised
+        self.unk_id = unk_id
+        self.score = model.head.target_score if self_normalised else model.head.target_logprob
+
+    def forward(self, input_ids, target_ids, lengths, h0, c0, target_chars):
+        hidden, _ = self.model(input_ids.transpose(0, 1), (h0, c0))
+        hidden = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
+        scores = self.score(hidden, target_ids.reshape(-1))
+        chars = target_chars.reshape(-1, target_chars.shape[-1])
+        spelled = chars[:, 0] != 0
+        rows = torch.nonzero(spelled).reshape(-1)
+        head, at = self.model.head, hidden.index_select(0, rows)
+        if self.self_normalised:
+            opened = head.spelled_score(at, chars.index_select(0, rows))
+        else:
+            opened = head.spelled_logprob(at, chars.index_select(0, rows), self.unk_id)
+        scores = torch.where(spelled, torch.zeros_like(scores).scatter(0, rows, opened), scores).reshape(
+            target_ids.shape
+        )
+        positions = torch.cumsum(torch.ones_like(target_ids), dim=1)
+        return torch.where(positions <= lengths.unsqueeze(1), scores, torch.zeros_like(scores))
+
+
 class StepGraph(nn.Module):
     """One LSTM step over ``prev_ids``; scores of the candidates (or of the whole vocabulary) for the next word."""
 
@@ -103,6 +136,18 @@ class StepGraph(nn.Module):
         if self.self_normalised:  # K dot products per row, no normaliser
             return per_candidate(head.target_score, hidden, candidates), h_out, c_out
         return head.candidate_logprobs(hidden, candidates), h_out, c_out
+
+
+def spelling_fields(speller) -> dict:
+    """The manifest's ``spelling``: how the scorer spells a word for the open graph (``rescoring.bundle``)."""
+    return {
+        "chars": [c for c, _ in sorted(speller.inventory.items(), key=lambda item: item[1])],
+        "first_char_id": min(speller.inventory.values(), default=3),
+        "max_chars": speller.max_chars,
+        "pad": 0,
+        "bow": 1,
+        "eow": 2,
+    }
 
 
 def export_onnx(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str], axes: dict) -> None:
@@ -160,14 +205,36 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
         ["logprobs", "h_out", "c_out"],
         {**state_axes, "logprobs": batch},
     )
+    speller = model.head.speller()
+    if speller is not None:  # a head that spells: the open-vocabulary sentences graph too
+        chars = torch.zeros(2, 3, speller.max_chars + 2, dtype=torch.long)
+        chars[0, 1, :3] = torch.tensor([1, 3, 2])  # one spelled target, so that the traced graph has the branch
+        export_onnx(
+            OpenSentencesGraph(model, self_normalised),
+            (ids, ids.roll(-1, 1), torch.tensor([3, 2]), zeros, zeros, chars),
+            out / OPEN_GRAPH_FILE,
+            ["input_ids", "target_ids", "lengths", "h0", "c0", "target_chars"],
+            ["logprobs"],
+            {
+                "input_ids": {0: "batch", 1: "time"},
+                "target_ids": {0: "batch", 1: "time"},
+                "lengths": batch,
+                "h0": state,
+                "c0": state,
+                "target_chars": {0: "batch", 1: "time"},
+                "logprobs": {0: "batch", 1: "time"},
+            },
+        )
 
 
 def quantize_graphs(out: Path) -> None:
     """int8 weights, activations quantised on the fly (ONNX Runtime dynamic quantisation)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    for name in GRAPH_FILES.values():
+    for name in [*GRAPH_FILES.values(), OPEN_GRAPH_FILE]:
         fp32 = out / name
+        if not fp32.exists():  # the open graph, for heads that spell only
+            continue
         int8 = out / f"{fp32.stem}.int8.onnx"
         quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8)
         int8.replace(fp32)
@@ -194,6 +261,37 @@ def heldout_check(model: LSTMLM, self_normalised: bool, graph: Path, corpus, bat
             total += float(got.sum(dtype=np.float64))
             tokens += int(lengths.sum())
     return {"score_ppl": math.exp(-total / tokens), "max_abs_diff": max_diff}
+
+
+def open_check(model: LSTMLM, self_normalised: bool, graph: Path, corpus, batches: SentenceBatches, vocab) -> dict:
+    """The open-vocabulary graph against PyTorch on held-out sentences, every target scored from its spelling as if
+    it were outside the vocabulary (the held-out text's own OOVs are <unk> by now: their spellings are gone)."""
+    import onnxruntime as ort
+
+    from lmserve.training.heads.charcnn import PAD, spell
+
+    speller = model.head.speller()
+    table = np.full((len(vocab), speller.max_chars + 2), PAD, dtype=np.int64)
+    for i, word in enumerate(vocab.tokens):
+        spelled = spell(word, speller.inventory, speller.max_chars)
+        table[i, : len(spelled)] = spelled
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    reference = OpenSentencesGraph(model, self_normalised).eval()
+    max_diff = 0.0
+    with torch.no_grad():
+        for batch in batches.batches():
+            inputs, targets = batch.inputs.T.contiguous(), batch.targets.T.contiguous()
+            lengths = batch.mask.sum(0)
+            chars = torch.from_numpy(table[targets.numpy()])
+            zeros = torch.zeros(model.lstm.num_layers, len(lengths), model.lstm.hidden_size)
+            feed = [inputs, targets, lengths, zeros, zeros, chars]
+            names = ["input_ids", "target_ids", "lengths", "h0", "c0", "target_chars"]
+            got = session.run(None, {n: t.numpy() for n, t in zip(names, feed, strict=True)})[0]
+            want = reference(*feed).numpy()
+            max_diff = max(max_diff, float(np.abs(got - want).max()))
+    return {"open_max_abs_diff": max_diff}
 
 
 def training_data(ckpt: Path, cfg) -> list[dict]:
@@ -229,9 +327,13 @@ def export_bundle(
         if quantize:
             quantize_graphs(tmp)
         check = heldout_check(model, self_normalised, tmp / GRAPH_FILES["sentences"], corpus, batches)
-        if not quantize and check["max_abs_diff"] > PARITY_TOLERANCE:
+        speller = model.head.speller()
+        if speller is not None:
+            check |= open_check(model, self_normalised, tmp / OPEN_GRAPH_FILE, corpus, batches, vocab)
+        worst = max(check["max_abs_diff"], check.get("open_max_abs_diff", 0.0))
+        if not quantize and worst > PARITY_TOLERANCE:
             raise RuntimeError(
-                f"exported graph differs from PyTorch by {check['max_abs_diff']:.2e} per token "
+                f"exported graph differs from PyTorch by {worst:.2e} per token "
                 f"(tolerance {PARITY_TOLERANCE}) on {heldout}"
             )
         vocab.save(tmp / VOCAB_FILE)
@@ -255,7 +357,8 @@ def export_bundle(
                 "embedding_size": cfg.model.embedding_size,
                 "projection_size": cfg.model.projection_size,
             },
-            "graphs": dict(GRAPH_FILES),
+            "graphs": dict(GRAPH_FILES) | ({"sentences_open": OPEN_GRAPH_FILE} if speller is not None else {}),
+            **({"spelling": spelling_fields(speller)} if speller is not None else {}),
             "opset": OPSET,
             "quantization": "int8-dynamic" if quantize else None,
             "heldout": {
