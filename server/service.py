@@ -37,6 +37,7 @@ from lmserve.rescoring.decoder_state import OtherModelState
 from lmserve.rescoring.features import check_features, parse_definition
 from lmserve.rescoring.interpolated import NextWord, Step
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.nbest.checks import check_ids
 from lmserve.rescoring.rescore import Setup, report, reranked
 from lmserve.rescoring.words import words as words_of
 from lmserve.server import messages
@@ -481,6 +482,7 @@ class LMServicer:
         samples = request.bootstrap_samples or DEFAULT_BOOTSTRAP_SAMPLES
         if samples > MAX_BOOTSTRAP_SAMPLES:
             raise too_many("bootstrap_samples", samples, MAX_BOOTSTRAP_SAMPLES, "ask for fewer")
+        check_ids((message.id, f"lists[{i}]") for i, message in enumerate(request.lists))  # as lm-rescore does
         entries, tokens = [], []
         for i, message in enumerate(request.lists):
             where = f"lists[{i}] (id {message.id!r})"

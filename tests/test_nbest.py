@@ -445,6 +445,8 @@ def test_srilm_writer_needs_acoustic_and_lm(tmp_path):
             "l.jsonl:2: field 'hypotheses[0].rank': expected an integer",
         ),
         ('{"id": "a", "hypotheses": [}', "l.jsonl:2: column 28: not valid JSON"),
+        ('{"id": "", "hypotheses": [{"text": "x"}]}', "l.jsonl:2: id '' is empty; expected an id for every entry"),
+        ('{"id": "ok", "hypotheses": [{"text": "y"}]}', "l.jsonl:2: id 'ok' appears twice (first at "),
     ],
 )
 def test_jsonl_errors_name_line_and_field(tmp_path, line, expected):

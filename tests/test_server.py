@@ -323,6 +323,22 @@ def test_bad_requests_get_the_right_status_codes(server, client):
     assert client.health() == "SERVING"
 
 
+@pytest.mark.parametrize("kind", ["nbest", "kbest"])
+def test_list_ids_are_checked_as_lm_rescore_checks_them(client, kind):
+    """An id twice or an empty id is INVALID_ARGUMENT naming it (issue 34: the server answered OK, where lm-rescore
+    refuses such a list: references, caches and reports find lists by id)."""
+    call = client.rescore_nbest if kind == "nbest" else client.rescore_kbest
+    twice, empty = noisy_lists(3, 16), noisy_lists(3, 16)
+    twice.entries[2].id = "utt0"
+    empty.entries[1].id = ""
+    for lists, message in (
+        (twice, "lists[2]: id 'utt0' appears twice (first at lists[0]); expected unique ids"),
+        (empty, "lists[1]: id '' is empty; expected an id for every entry"),
+    ):
+        assert status_of(call, lists, weights={"am": 1.0}) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    assert len(call(noisy_lists(3, 16), weights={"am": 1.0}).lists) == 3
+
+
 def test_a_missing_feature_is_invalid_and_the_admin_service_is_off_by_default(client):
     """Issue 22: a hypothesis without a feature the weights use was scored as if it were 0.0, the best log score;
     and Admin/ReloadModels answered anyone on the service port."""
@@ -344,12 +360,13 @@ def test_deadlines_end_calls(server, client):
     """A call that outlives its deadline fails with DEADLINE_EXCEEDED, the server ends it (its log line says so)
     and keeps serving."""
     lists = noisy_lists(40, 16)
+    before = len(server[1].read_text().splitlines())  # (earlier tests' calls may have ended otherwise)
     with LMServeClient(server[0], timeout=0.05) as hurried:
         code, _ = status_of(hurried.rescore_kbest, lists, weights={"am": 1.0}, bootstrap_samples=10_000)
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
     ended = None
     for _ in range(100):
-        calls = [json.loads(line) for line in server[1].read_text().splitlines()]
+        calls = [json.loads(line) for line in server[1].read_text().splitlines()[before:]]
         ended = [c["code"] for c in calls if c.get("method") == "RescoreKBest" and c["code"] != "OK"]
         if ended:
             break

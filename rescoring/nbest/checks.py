@@ -4,7 +4,8 @@ A reader turns text into hypotheses; these checks turn away what no reader shoul
 wrong answer rather than an error further on:
 
 - no entries, or an entry without hypotheses (nothing to choose from);
-- an id twice (references, caches and reports find entries by id);
+- an empty id, or an id twice (references, caches and reports find entries by id; ``lm-serve`` checks the ids of the
+  lists it is sent with :func:`check_ids` too);
 - a hypothesis that lacks a feature its list-mates (the other hypotheses of its entry) have: a missing log score is
   not 0.0, the best score there is, so it would usually win (a feature that whole entries lack is caught where the
   weights name it: ``rescoring.features.check_features``). ``defaults`` (``lm-rescore --feature-default NAME=VALUE``) names the value to use for one
@@ -19,7 +20,7 @@ Each complaint names where the hypothesis came from (``file:line: field``, kept 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from lmserve.rescoring.nbest.model import NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError
@@ -43,20 +44,29 @@ def parse_defaults(items: list[str] | None) -> dict[str, float]:
     return defaults
 
 
+def check_ids(ids: Iterable[tuple[str, str]]) -> None:
+    """``(id, where it came from)`` of every entry: raise :class:`NBestFormatError` at the first empty id or the first
+    id seen before."""
+    seen: dict[str, str] = {}
+    for entry_id, where in ids:
+        if not entry_id:
+            raise NBestFormatError(where, f"id {entry_id!r} is empty; expected an id for every entry")
+        if entry_id in seen:
+            raise NBestFormatError(
+                where, f"id {entry_id!r} appears twice (first at {seen[entry_id]}); expected unique ids"
+            )
+        seen[entry_id] = where
+
+
 def check_list(nbest: NBestList, defaults: Mapping[str, float] | None = None, max_words: int = MAX_WORDS) -> None:
     """Raise :class:`NBestFormatError` on the first problem (module docstring); fill in ``defaults`` where a
     hypothesis lacks that feature."""
     defaults = dict(defaults or {})
     if not nbest.entries:
         raise NBestFormatError(nbest.name, "holds no n-best entries; expected at least one")
-    seen: dict[str, str] = {}
-    for i, entry in enumerate(nbest):
-        where = entry.origin or f"{nbest.name}: entry {i}"
-        if entry.id in seen:
-            raise NBestFormatError(
-                where, f"id {entry.id!r} appears twice (first at {seen[entry.id]}); expected unique ids"
-            )
-        seen[entry.id] = where
+    places = [entry.origin or f"{nbest.name}: entry {i}" for i, entry in enumerate(nbest)]
+    check_ids((entry.id, where) for entry, where in zip(nbest, places, strict=True))
+    for entry, where in zip(nbest, places, strict=True):
         if not entry.hypotheses:
             raise NBestFormatError(where, f"entry {entry.id!r} has no hypotheses; expected at least one")
         names = set(defaults).union(*(hyp.features for hyp in entry.hypotheses))
