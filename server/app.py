@@ -34,6 +34,7 @@ from lmserve.server.models import ModelSet
 from lmserve.server.service import SERVICE, LMServicer
 
 log = logging.getLogger(LOGGER)
+TASKS_WAIT_SECONDS = 2.0  # at shutdown, for the tasks of calls cancelled by it (LMServer.tasks_finished)
 
 
 class LMServer:
@@ -129,12 +130,24 @@ class LMServer:
             log.warning("grace period over", extra={"fields": {"cancelled": self.servicer.active}})
         await self.server.stop(None)  # health watches, and calls beyond the grace period
         await refusing
+        await self.tasks_finished()
         self.pool.shutdown(wait=True, cancel_futures=True)
         if self.engine is not None:
             self.engine.shutdown(wait=True, cancel_futures=True)
         if self.metrics is not None:
             self.metrics.stop()
         log.info("stopped")
+
+    async def tasks_finished(self) -> None:
+        """Let the event loop's other tasks end by themselves. gRPC keeps a task per call that ends a loop turn or two
+        after the call was cancelled; one still there when ``asyncio.run`` closes the loop is cancelled by it, and
+        gRPC prints that as a bare ``CancelledError`` traceback on stderr, outside the JSON log (issue 34: calls cut
+        short when the grace period ran out)."""
+        left = asyncio.all_tasks() - {asyncio.current_task()}
+        if left:
+            _, pending = await asyncio.wait(left, timeout=TASKS_WAIT_SECONDS)
+            if pending:
+                log.warning("tasks left at shutdown", extra={"fields": {"tasks": len(pending)}})
 
     async def serve_until_signal(self) -> None:
         """Serve until SIGTERM or SIGINT, reloading the models on each SIGHUP."""

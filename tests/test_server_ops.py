@@ -248,6 +248,25 @@ def test_sigterm_drains_the_calls_in_flight_and_refuses_new_ones(bundles, tmp_pa
     assert not logged_calls(server, "ScoreSentences")  # the late call never reached the service
 
 
+def test_calls_cut_short_when_the_grace_period_runs_out_leave_a_json_log(bundles, tmp_path):
+    """Past ``grace_seconds`` the calls in flight are cancelled: they get UNAVAILABLE or CANCELLED, the server exits 0,
+    and every line of its log is JSON (issue 34: gRPC's own task of each such call, left for ``asyncio.run`` to
+    cancel, printed a bare CancelledError traceback into the log)."""
+    config = write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1])
+    config.write_text(config.read_text().replace("grace_seconds = 60.0", "grace_seconds = 0.2"))
+    with ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server:
+        client = LMServeClient(server.address, timeout=60)
+        calls = [client.stub.RescoreKBest.future(slow_request(seed), timeout=60) for seed in range(3)]
+        server.wait_for(lambda r: r.get("message") == "call started" and r["method"] == "RescoreKBest", 30, count=3)
+        server.send(signal.SIGTERM)
+        assert server.wait() == 0
+    codes = {call.exception().code() for call in calls}
+    assert codes <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}, codes
+    assert not [r["message"] for r in server.records if r.get("level") == "raw"]  # every line JSON
+    lines = [r["message"] for r in server.records if r.get("level") != "debug"]
+    assert "grace period over" in lines and lines[-1] == "stopped", lines
+
+
 # -- replicas --------------------------------------------------------------------------------------------------
 
 
