@@ -8,7 +8,8 @@ deletions marked), filters (changed, improved, worsened, unchanged) and sortable
 most frequent confusion pairs, and, on demand, every hypothesis of an utterance with its feature values. For
 ``tune`` it adds plots (matplotlib, embedded as PNG) of the dev metric against λ and against each weight around the
 optimum. BLEU lists (MT k-best) get sentence-level BLEU per segment instead of word errors, aligned against their
-first reference.
+first reference, and, for lists read from system outputs (a WMT folder), the systems that produced each chosen
+candidate and a table of how often each system's output was chosen.
 
 Why this shape: the file must open offline and be mailed around, so the data are one JSON block and the page is
 built from it by a little inline JavaScript (no libraries, no network); Python does the alignments once. A filter
@@ -36,6 +37,7 @@ from lmserve.rescoring.words import spaced
 
 LENGTH_BINS = ((1, 5), (6, 10), (11, 20), (21, 40), (41, None))  # reference words
 CONFUSIONS = 20  # pairs listed
+SYSTEM = "sys_"  # the prefix of the system indicators of MT lists read from system outputs
 _OPS = {"equal": "=", "substitute": "S", "delete": "D", "insert": "I"}
 
 
@@ -96,6 +98,7 @@ def _utterances(rep: dict, nbest: NBestList, ranked: NBestList, chosen: np.ndarr
     picked = [e.hypotheses[int(k)].text for e, k in zip(nbest, chosen, strict=True)]
     align_first, align_picked = _aligned(refs, first), _aligned(refs, picked)
     names = sorted({name for e in ranked for h in e.hypotheses for name in h.features})
+    systems = [n.removeprefix(SYSTEM) for n in names if n.startswith(SYSTEM)]  # MT lists of system outputs
     utts = []
     for i, entry in enumerate(nbest):
         ops_1, counts_1 = align_first[i]
@@ -118,9 +121,14 @@ def _utterances(rep: dict, nbest: NBestList, ranked: NBestList, chosen: np.ndarr
                 "a1": ops_1,
                 "ac": ops_c,
                 "h": hyps,
+                **({"y": _systems_of(entry.hypotheses[int(chosen[i])], systems)} if systems else {}),
             }
         )
     tables = {"features": names}
+    if systems:
+        firsts = Counter(s for e in nbest for s in _systems_of(e.hypotheses[0], systems))
+        picks = Counter(s for u in utts for s in u["y"])
+        tables["systems"] = [[s, firsts[s], picks[s]] for s in sorted(systems, key=lambda s: -picks[s])]
     if metric == "wer":
         lengths = np.array([u["n"] for u in utts])
         tables["by_length"] = _length_table(
@@ -130,6 +138,11 @@ def _utterances(rep: dict, nbest: NBestList, ranked: NBestList, chosen: np.ndarr
         top = (conf_1 + conf_c).most_common(CONFUSIONS)
         tables["confusions"] = [[r, h, conf_1[r, h], conf_c[r, h]] for (r, h), _ in top]
     return utts, tables
+
+
+def _systems_of(hypothesis, systems: Sequence[str]) -> list[str]:
+    """The systems that produced a candidate of a list read from system outputs (``rescoring.nbest.wmt``)."""
+    return [s for s in systems if hypothesis.features.get(SYSTEM + s)]
 
 
 def _number(value) -> float | None:
@@ -304,6 +317,7 @@ const COLS = [
   ["i", "#"], ["id", "utterance", "t"], ["n", "ref words"], ["s1", WER ? "1-best errors" : "1-best sBLEU"],
   ["sc", WER ? "rescored errors" : "rescored sBLEU"], ["d", "Δ"], ["k", "chosen rank"], ["st", "status", "t"],
 ];
+if (D.systems) COLS.push(["y", "chosen system(s)", "t"]);
 let filter = "all", sortKey = "i", sortDir = 1, opened = new Set(), showFeatures = false;
 const ALIGN_COLUMNS = 14;  // aligned words per line: long utterances wrap instead of running off the page
 function alignTable(ops, label) {
@@ -344,7 +358,7 @@ function render() {
     body.push(`<tr class="row" data-i="${u.i}">${COLS.map(([key, , cls]) => {
       const v = u[key];
       const c = key === "st" ? ` ${v}` : "";
-      const text = key === "d" ? (v > 0 ? "+" : "") + fmt(v, WER ? 0 : 2) : !WER && (key === "s1" || key === "sc") ? fmt(v) : esc(v);
+      const text = key === "y" ? esc(v.join(", ")) : key === "d" ? (v > 0 ? "+" : "") + fmt(v, WER ? 0 : 2) : !WER && (key === "s1" || key === "sc") ? fmt(v) : esc(v);
       return `<td class="${cls || ""}${c}">${text}</td>`;
     }).join("")}</tr>`);
     if (opened.has(u.i)) body.push(`<tr class="detail"><td colspan="${COLS.length}">${detail(u)}</td></tr>`);
@@ -372,6 +386,11 @@ function tables() {
   if (D.confusions) {
     s += `<div><h2>Most frequent confusion pairs</h2><table><tr><th class="t">reference</th><th class="t">hypothesis</th><th>1-best</th><th>rescored</th></tr>${
       D.confusions.map(([r, h, a, b]) => `<tr><td class="t mono">${r ? esc(r) : "<i>(insertion)</i>"}</td><td class="t mono">${h ? esc(h) : "<i>(deletion)</i>"}</td><td>${a}</td><td>${b}</td></tr>`).join("")}</table></div>`;
+  }
+  if (D.systems) {
+    s += `<div><h2>Systems chosen</h2><table><tr><th class="t">system</th><th>1-best</th><th>rescored</th></tr>${
+      D.systems.map(([n, a, b]) => `<tr><td class="t mono">${esc(n)}</td><td>${a}</td><td>${b}</td></tr>`).join("")}</table>
+      <p class="small">how many segments' 1-best and chosen candidate each system produced (a candidate that several systems produced counts for each)</p></div>`;
   }
   document.getElementById("tables").innerHTML = s;
 }

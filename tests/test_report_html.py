@@ -133,3 +133,21 @@ def test_tune_html_plots_the_metric_against_lambda_and_every_weight(bundles, tmp
     assert len(re.findall(r'src="data:image/png;base64,', html)) == 2
     assert "dev metric against λ" in html and "dev metric against each weight around the optimum" in html
     assert page_data(html)["report"]["normalisation"] == "exact"
+
+
+def test_lists_of_systems_show_the_chosen_systems():
+    def hyp(text, x, a, b):
+        return Hypothesis(text, {"x": x, "sys_A": a, "sys_B": b})
+
+    nbest = NBestList(
+        [
+            NBestEntry("0", [hyp("the a cat sat", 0.0, 1.0, 0.0), hyp("the cat sat", 1.0, 0.0, 1.0)], ["the cat sat"]),
+            NBestEntry("1", [hyp("dogs run", 1.0, 1.0, 1.0)], ["dogs run"]),
+        ],
+        "wmt",
+    )
+    setup = Setup(["x"], weights={"x": 1.0})
+    ranked, chosen = reranked(nbest, setup, None)
+    data = page_data(build_html(report(nbest, chosen, "bleu", bootstrap_samples=20), nbest, ranked, chosen))
+    assert [u["y"] for u in data["utterances"]] == [["B"], ["A", "B"]]
+    assert data["systems"] == [["B", 1, 2], ["A", 2, 1]]  # [system, 1-best count, chosen count], most chosen first
