@@ -232,10 +232,10 @@ def validate_manifest(manifest: dict, where: Path | str) -> None:
         for field in keys:
             if field not in manifest[section]:
                 raise BundleError(f"{where}: field '{section}.{field}' is missing")
-    for field in ("size", "layers", "hidden_size"):
-        value = manifest["vocab" if field == "size" else "model"][field]
+    for section, field in (("vocab", "size"), ("model", "layers"), ("model", "hidden_size")):
+        value = manifest[section][field]
         if type(value) is not int or value < 1:
-            raise BundleError(f"{where}: field {field!r} = {value!r}: expected a positive integer")
+            raise BundleError(f"{where}: field '{section}.{field}' = {value!r}: expected a positive integer")
     for name in manifest["files"]:
         if not inside_bundle(name):
             raise BundleError(

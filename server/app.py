@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import logging
 import os
 import signal
@@ -111,6 +112,9 @@ class LMServer:
         fields["batching"] = dataclasses.asdict(self.config.batching)
         fields["state_cache"] = dataclasses.asdict(self.config.state_cache)
         log.info("listening", extra={"fields": fields})
+        exposed = admin_exposure(self.config, host)
+        if exposed:
+            log.warning(exposed, extra={"fields": {"host": host, "port": self.port}})
         return self.port
 
     async def stop(self) -> None:
@@ -165,6 +169,28 @@ class LMServer:
         task = asyncio.get_running_loop().create_task(self.reloader.reload_logged())
         self.background.add(task)
         task.add_done_callback(self.background.discard)
+
+
+def admin_exposure(config: Config, host: str) -> str | None:
+    """A warning when the Admin service (``admin = true``: ReloadModels) answers anyone who reaches the port: an
+    address other than loopback, and no [tls] client_ca to ask callers for a certificate."""
+    if not config.server.admin or (config.tls is not None and config.tls.client_ca is not None) or loopback(host):
+        return None
+    how = "without TLS" if config.tls is None else "with TLS but no client_ca"
+    return (
+        f"admin = true on {host}, {how}: anyone who reaches the port can reload the models; serve it on loopback, "
+        "require client certificates ([tls] client_ca), or set admin = false (SIGHUP reloads too)"
+    )
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only (a name other than localhost may resolve to anything: not loopback)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def server_credentials(tls: Tls) -> grpc.ServerCredentials:

@@ -23,7 +23,8 @@ from google.protobuf.json_format import MessageToDict
 from lmserve.rescoring.cli import read_lines
 from lmserve.rescoring.client import DEFAULT_TARGET, LMServeClient, normalisation_name, ranked_lists
 from lmserve.rescoring.command import add_common_arguments, parse_args, run_command
-from lmserve.rescoring.nbest import FOLDER_FORMATS, FORMATS, read_nbest, write_nbest
+from lmserve.rescoring.nbest import FOLDER_FORMATS, FORMATS, MAX_WORDS, read_nbest, write_nbest
+from lmserve.rescoring.nbest.checks import parse_defaults
 from lmserve.rescoring.ngram import NgramError
 from lmserve.rescoring.outputs import check_outputs
 from lmserve.server.config import load_config
@@ -82,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     rescore.add_argument("list", type=Path, help="n-best/k-best list (file or folder; the format is detected)")
     rescore.add_argument("--format", choices=sorted(FORMATS), help="override format detection")
     rescore.add_argument("--references", nargs="+", type=Path, help="reference files, one sentence per line")
+    rescore.add_argument(
+        "--feature-default",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the value of feature NAME for hypotheses that lack it (default: such a hypothesis is an error), as "
+        "lm-rescore's",
+    )
+    rescore.add_argument(
+        "--max-words", type=int, default=MAX_WORDS, help="longest hypothesis, in words (default: %(default)s)"
+    )
     rescore.add_argument("--model", default="")
     rescore.add_argument("--profile", default="", help="a weights profile of the model (see `info`)")
     rescore.add_argument("--weights", default="", help="inline weights instead: am=1,neural=0.3,length=0.5")
@@ -183,7 +195,8 @@ def _rescore(args) -> int:
         {"LIST": args.list, "--references": args.references},
         folders={"--out"} if args.out_format in FOLDER_FORMATS else (),
     )
-    nbest = read_nbest(args.list, args.format, args.references)
+    defaults = parse_defaults(args.feature_default)
+    nbest = read_nbest(args.list, args.format, args.references, feature_defaults=defaults, max_words=args.max_words)
     weights = {}
     for item in filter(None, (x.strip() for x in args.weights.split(","))):
         name, sep, value = item.partition("=")

@@ -440,6 +440,19 @@ def test_client_rescore_writes_the_html_report(server, tmp_path, capsys):
     assert [u["k"] for u in data["utterances"]] == [e.hypotheses[0].rank for e in read_nbest(out)]
 
 
+def test_client_rescore_takes_the_feature_default_its_error_advises(server, tmp_path, capsys):
+    """Issue 34: a list whose hypothesis lacks a feature was refused with advice to give --feature-default, which
+    ``lm-serve client rescore`` did not accept."""
+    lists = noisy_lists(3, 18)
+    del lists.entries[1].hypotheses[2].features["am"]
+    write_nbest(lists, tmp_path / "l.jsonl", "jsonl")
+    target = ["client", "--server", server[0], "rescore", str(tmp_path / "l.jsonl"), "--weights", "am=1,neural=0.1"]
+    assert serve_main(target) == 2
+    assert "--feature-default am=VALUE" in capsys.readouterr().err
+    assert serve_main([*target, "--feature-default", "am=-100"]) == 0
+    assert json.loads(capsys.readouterr().out)["lists"] == 3
+
+
 def test_lm_rescore_with_server_scores_as_the_loaded_models_do(server, setup_dir, tmp_path, capsys):
     """``lm-rescore --server``: the service's per-token scores equal the ones of the same models loaded here, and a
     weights file tuned through the server sends ``nbest`` back to it. 120 hypotheses against the server's limit of

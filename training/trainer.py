@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import queue
+import shutil
 import signal
 import sys
 import threading
@@ -360,6 +361,7 @@ class Trainer:
             if (run_dir / "checkpoints").exists():
                 error = f"{run_dir}: already has checkpoints; pass --resume to continue, or choose another --out"
             else:
+                created = not run_dir.exists()
                 run_dir.mkdir(parents=True, exist_ok=True)
                 try:
                     if carved is not cfg:
@@ -367,6 +369,8 @@ class Trainer:
                     prepare_run_data(carved, run_dir, str(init_from / "vocab.tsv") if init_from else "")
                 except ValueError as e:  # CorpusError, VocabError, ...: every rank reports it
                     error = str(e)
+                    if created:  # a run that never started leaves no folder behind (an empty config did)
+                        shutil.rmtree(run_dir, ignore_errors=True)
                 else:
                     atomic_write_text(run_dir / "config.json", json.dumps(carved.to_dict(), indent=2) + "\n")
         error = dist.broadcast_object(error if dist.is_main else None)

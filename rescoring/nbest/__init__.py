@@ -64,7 +64,9 @@ def detect_format(path: str | Path) -> str:
     for name, fmt in FORMATS.items():
         if fmt.detect(path):
             return name
-    raise NBestFormatError(path, f"cannot tell its n-best format; expected one of {', '.join(FORMATS)} (pass format=)")
+    raise NBestFormatError(
+        path, f"cannot tell its n-best format; expected one of {', '.join(FORMATS)}: say which with --format"
+    )
 
 
 FOLDER_FORMATS = ("espnet", "kaldi", "srilm", "wmt")  # written as folders (SRILM: one file per entry)

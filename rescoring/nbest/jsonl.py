@@ -1,4 +1,5 @@
-"""Our exchange format, JSON Lines, one entry a line; it holds everything the model does, so round trips are exact:
+"""Our exchange format, JSON Lines, one entry a line (``.jsonl``; read gzipped too, ``.jsonl.gz``); it holds
+everything the model does, so round trips are exact:
 
     {"id": "...", "hypotheses": [{"text": "...", "features": {"name": 1.5}, "rank": 1}], "references": ["..."],
      "source": "..."}
@@ -20,7 +21,7 @@ NAME = "jsonl"
 
 
 def detect(path: Path) -> bool:
-    return path.is_file() and path.suffix == ".jsonl"
+    return path.is_file() and path.name.endswith((".jsonl", ".jsonl.gz"))  # (read_text reads either)
 
 
 def read(path: Path, references: list[Path] | None = None) -> NBestList:
