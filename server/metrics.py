@@ -4,8 +4,8 @@ and the service port can stay private.
 Every call is counted by method and status code and timed; the tokens each call scored (words and ``</s>``, per
 model) show the real work behind a request count. Micro-batching (``server.batching``) reports how many calls wait
 and how many calls and tokens each batch merged, by kind of work; reloads are counted by outcome, with the generation
-of the model set served. The registry belongs to the server, not to the process, so two
-servers in one process (tests) keep separate numbers.
+of the model set served; the state cache reports its bytes and states and counts what it drops. The registry belongs
+to the server, not to the process, so two servers in one process (tests) keep separate numbers.
 """
 
 from __future__ import annotations
@@ -56,6 +56,18 @@ class Metrics:
             "lmserve_reloads", "Model reloads by outcome (ok, failed)", ["outcome"], registry=self.registry
         )
         self.generation = Gauge("lmserve_model_generation", "Version of the model set served", registry=self.registry)
+        self.state_cache_bytes = Gauge(
+            "lmserve_state_cache_bytes", "Bytes of the decoder states in the state cache", registry=self.registry
+        )
+        self.state_cache_states = Gauge(
+            "lmserve_state_cache_states", "Decoder states in the state cache", registry=self.registry
+        )
+        self.state_cache_removed = Counter(
+            "lmserve_state_cache_removed",
+            "States the cache dropped by reason (evicted, expired)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.http = None
 
     def observe(self, method: str, code: str, seconds: float, model: str | None, tokens: int) -> None:

@@ -133,6 +133,7 @@ class LMServicer:
         self.list_batcher = batcher("lists", score_lists)
         self.step_batcher = batcher("steps", score_steps)
         self.state_cache = None
+        self.cache_reported: dict[str, int] = {}  # the cache's drop counts as the metrics have them
         if state_cache is not None and state_cache.max_mb > 0:
             self.state_cache = StateCache(int(state_cache.max_mb * 2**20), state_cache.ttl_seconds)
         self.active = 0  # calls being handled; a drain waits for them, not for health watches or reflection
@@ -238,30 +239,32 @@ class LMServicer:
             self.idle.clear()
             if self.metrics:
                 self.metrics.in_flight.inc()
+            error = None
             try:
-                async for raw in requests:
-                    fields["request_bytes"] += len(raw)
-                    try:
-                        request = request_class.FromString(raw)
-                    except DecodeError as e:
-                        raise invalid(
-                            f"request {fields['steps']}: not a valid {request_class.DESCRIPTOR.full_name} ({e}); "
-                            "text fields must be valid UTF-8"
-                        ) from None
-                    fields["model"] = request.model or self.models.default
-                    step = {}
-                    response = await behaviour(request, context, step)
-                    data = response.SerializeToString()
-                    fields["steps"] += 1
-                    fields["tokens"] += step.get("tokens", 0)
-                    fields["response_bytes"] += len(data)
-                    yield data
-            except asyncio.CancelledError:
+                try:
+                    async for raw in requests:
+                        fields["request_bytes"] += len(raw)
+                        try:
+                            request = request_class.FromString(raw)
+                        except DecodeError as e:
+                            raise invalid(
+                                f"request {fields['steps']}: not a valid {request_class.DESCRIPTOR.full_name} "
+                                f"({e}); text fields must be valid UTF-8"
+                            ) from None
+                        fields["model"] = request.model or self.models.default
+                        step = {}
+                        response = await behaviour(request, context, step)
+                        data = response.SerializeToString()
+                        fields["steps"] += 1
+                        fields["tokens"] += step.get("tokens", 0)
+                        fields["response_bytes"] += len(data)
+                        yield data
+                except Exception as e:
+                    error = self.request_error(e, name, fields)
+            except BaseException:  # cancelled, or closed (GeneratorExit) when the client went away mid-stream
                 self.done(fields, "CANCELLED", start)
                 raise
-            except Exception as e:
-                error = self.request_error(e, name, fields)
-            else:
+            if error is None:
                 self.done(fields, "OK", start)
                 return
             self.done(fields, error.code.name, start, error=error.message)
@@ -431,6 +434,13 @@ class LMServicer:
                 out.words.append(message)
         fields["tokens"] = sum(len(words) for words in results)
         fields["items"] = len(steps)
+        if cache is not None and self.metrics:
+            self.metrics.state_cache_bytes.set(cache.bytes)
+            self.metrics.state_cache_states.set(len(cache))
+            for reason in ("evicted", "expired"):
+                count = getattr(cache, reason)
+                self.metrics.state_cache_removed.labels(reason).inc(count - self.cache_reported.get(reason, 0))
+                self.cache_reported[reason] = count
         return response
 
     def other_model_state(

@@ -323,3 +323,27 @@ def test_a_reload_keeps_states_of_the_same_bundle_and_refuses_those_of_a_changed
         code, details = status_of(client.score_next_words, ["w2"], token)  # the single-step call says the same
         assert code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("state: a state of model 'exact'")
         assert server.stop() == 0
+
+
+def test_streams_a_client_walks_away_from_are_not_left_in_flight(root, bundles):
+    """Cancelled streams (and streams closed under the server's generator) end their call: a drain finds none."""
+    config = write_config(root, bundles, "walkaway.toml")
+
+    async def walk_away(address: str) -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = LMServiceStub(channel)
+            for _ in range(5):
+                stream = stub.StreamNextWords()
+                for _ in range(3):
+                    await stream.write(pb.ScoreNextWordsBatchRequest(items=[pb.NextWordsItem(candidates=["w1"])]))
+                    await stream.read()
+                stream.cancel()
+
+    with ServerProcess(config, root / "walkaway.log") as server:
+        asyncio.run(walk_away(server.address))
+        time.sleep(0.5)
+        assert server.stop() == 0
+    (stopping,) = [r for r in server.records if r["message"] == "stopping"]
+    assert stopping["in_flight"] == 0
+    calls = [r for r in server.records if r["message"] == "call" and r["method"] == "StreamNextWords"]
+    assert len(calls) == 5 and {r["steps"] for r in calls} == {3}

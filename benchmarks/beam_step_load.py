@@ -1,0 +1,215 @@
+"""Beam steps against lm-serve: 16 concurrent decoders, beam 32 -> beam_step_load.json
+
+    python -m benchmarks.beam_step_load [--decoders 16] [--beam 32] [--steps 100]
+
+A decoder walks LibriSpeech dev_other references word by word with a beam of ``--beam`` hypotheses: at each step
+every hypothesis asks for ``--candidates`` next words (hypothesis 0 the reference's next word, the others random
+words of the vocabulary, so the hypotheses' states differ) and goes on from the state of its first candidate; at a
+sentence's end the beam starts the next one. One step, four ways (the same steps, the same server):
+
+- ``batched``: one ScoreNextWordsBatch call with all the beam's items (one LSTM step; the server merges the steps of
+  concurrent decoders);
+- ``single``: one ScoreNextWords call per hypothesis, all of a step's calls at once;
+- ``stream``: one StreamNextWords stream per decoder, a request per step (state tokens);
+- ``stream_cache``: the same with the server's state cache (ids travel instead of 16 kB tokens; pruned states are
+  released with the next request).
+
+Per way: the latency of a step (until its last answer; p50/p99), steps/s, and the server's CPU seconds for all the
+steps (/proc, server process and its children; the load generator runs on the same cores but is not counted).
+The server: the English LM bundle with its 4-gram at λ (``benchmarks/decoding.py``), 2 scoring threads of 1 ONNX
+Runtime thread, micro-batching waits at most ``--max-wait-ms``. Metrics: ``p99_ms`` (batched), ``batched_cpu_s``,
+``single_cpu_s``; targets p99 ≤ 15 ms and single/batched CPU ≥ 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from benchmarks.common import write_result
+from benchmarks.decoding import BUNDLE, LAMBDA, NGRAM, NORMALIZE, cpu_seconds, percentiles, references, serve_config
+from lmserve.rescoring.bundle import Bundle
+from lmserve.rescoring.textnorm import PRESETS
+from lmserve.server.process import ServerProcess
+from lmserve.v1 import lmserve_pb2 as pb
+from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
+
+MODES = ("batched", "single", "stream", "stream_cache")
+MODEL = "english"
+
+
+class Walk:
+    """One decoder's beam: the hypotheses' states and what each asks next."""
+
+    def __init__(self, sentences: list[list[str]], vocab: list[str], beam: int, candidates: int, seed: int, cache):
+        self.sentences, self.vocab, self.beam, self.candidates = sentences, vocab, beam, candidates
+        self.rng = np.random.default_rng(seed)
+        self.cache = cache
+        self.sentence, self.position = int(self.rng.integers(len(sentences))), 0
+        self.states: list = [self.start()] * beam
+
+    def start(self):
+        return "" if self.cache else b""
+
+    def items(self) -> list[tuple[bytes | str, list[str]]]:
+        words = self.sentences[self.sentence]
+        true = words[self.position] if self.position < len(words) else "</s>"
+        out = []
+        for k, state in enumerate(self.states):
+            first = true if k == 0 else self.vocab[int(self.rng.integers(len(self.vocab)))]
+            others = [self.vocab[int(i)] for i in self.rng.integers(len(self.vocab), size=self.candidates - 1)]
+            out.append((state, [first, *others]))
+        return out
+
+    def advance(self, new_states: list) -> list:
+        """The beam goes on from each hypothesis' first candidate; returns the states it dropped (cache ids)."""
+        dropped = [s for s in self.states if s]
+        self.position += 1
+        if self.position > len(self.sentences[self.sentence]):  # </s> was scored: the next sentence
+            self.sentence, self.position = (self.sentence + 1) % len(self.sentences), 0
+            new_states = [self.start()] * self.beam
+        self.states = new_states
+        return dropped if self.cache else []
+
+
+def request(walk: Walk, items, release=()) -> pb.ScoreNextWordsBatchRequest:
+    message = pb.ScoreNextWordsBatchRequest(model=MODEL, cache_states=walk.cache, release_state_ids=release)
+    for state, words in items:
+        item = message.items.add(candidates=words)
+        if isinstance(state, str):
+            item.state_id = state
+        else:
+            item.state = state
+    return message
+
+
+def first_states(response) -> list:
+    return [item.words[0].state_id or item.words[0].state for item in response.items]
+
+
+async def decoder(stub, mode: str, walk: Walk, steps: int, latencies: list[float]) -> None:
+    stream = None
+    if mode.startswith("stream"):
+        stream = stub.StreamNextWords()
+    release: list[str] = []
+    for _ in range(steps):
+        items = walk.items()
+        start = time.perf_counter()
+        if mode == "single":
+            calls = [
+                stub.ScoreNextWords(pb.ScoreNextWordsRequest(model=MODEL, state=s, candidates=w), timeout=60)
+                for s, w in items
+            ]
+            answers = await asyncio.gather(*calls)
+            states = [a.words[0].state for a in answers]
+        elif stream is not None:
+            await stream.write(request(walk, items, release))
+            states = first_states(await stream.read())
+        else:
+            states = first_states(await stub.ScoreNextWordsBatch(request(walk, items), timeout=60))
+        latencies.append((time.perf_counter() - start) * 1000)
+        release = walk.advance(states)
+    if stream is not None:
+        await stream.done_writing()
+        await stream.read()  # the end of the stream (EOF)
+
+
+async def measure(address: str, mode: str, walks: list[Walk], steps: int) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    async with grpc.aio.insecure_channel(address, options=options) as channel:
+        stub = LMServiceStub(channel)
+        start = time.perf_counter()
+        await asyncio.gather(*(decoder(stub, mode, w, steps, latencies) for w in walks))
+        return latencies, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=Path, default=BUNDLE)
+    parser.add_argument("--ngram", type=Path, default=NGRAM)
+    parser.add_argument("--lam", type=float, default=LAMBDA)
+    parser.add_argument("--normalize", default=NORMALIZE, help="textnorm preset ('' for the bundle's own)")
+    parser.add_argument("--decoders", type=int, default=16)
+    parser.add_argument("--beam", type=int, default=32)
+    parser.add_argument("--candidates", type=int, default=1, help="next words each hypothesis asks for")
+    parser.add_argument("--steps", type=int, default=100, help="steps per decoder and way")
+    parser.add_argument("--warmup", type=int, default=10, help="steps per decoder before each way, not measured")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--texts", type=Path, help="(tests) sentences to walk instead of LibriSpeech's")
+    parser.add_argument("--no-write", action="store_true", help="print the result, write no file (tests)")
+    args = parser.parse_args(argv)
+    normalize = args.normalize or None
+    texts = args.texts.read_text().splitlines() if args.texts else references("dev_other", 500)
+    view = PRESETS[normalize] if normalize else PRESETS["none"]
+    sentences = [view.normalize(t) for t in texts]
+    vocab = [t for t in Bundle.load(args.bundle).tokens if not t.startswith("<")]
+    ngram = args.ngram if args.ngram and args.ngram.exists() else None
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        config = serve_config(
+            Path(tmp), args.bundle, ngram, args.lam if ngram else None, normalize, args.workers,
+            max_wait_ms=args.max_wait_ms,
+        )  # fmt: skip
+        with ServerProcess(config, Path(tmp) / "server.log", start_timeout=300) as server:
+            for mode in args.modes.split(","):
+                cache = mode == "stream_cache"
+                walks = [Walk(sentences, vocab, args.beam, args.candidates, i, cache) for i in range(args.decoders)]
+                asyncio.run(measure(server.address, mode, walks, args.warmup))
+                before = cpu_seconds(server.pid)
+                latencies, seconds = asyncio.run(measure(server.address, mode, walks, args.steps))
+                cpu = cpu_seconds(server.pid) - before
+                steps = len(latencies)
+                results[mode] = {
+                    **percentiles(latencies),
+                    "steps": steps,
+                    "seconds": seconds,
+                    "steps_per_s": steps / seconds,
+                    "server_cpu_s": cpu,
+                    "server_cpu_ms_per_step": 1000 * cpu / steps,
+                }
+                print(mode, json.dumps(results[mode]), flush=True)
+            errors = [r for r in server.records if r.get("level") == "error"]
+            server.stop()
+    batched, single = results.get("batched", {}), results.get("single", {})
+    metrics = {
+        "p99_ms": batched.get("p99_ms"),
+        "batched_cpu_s": batched.get("server_cpu_s"),
+        "single_cpu_s": single.get("server_cpu_s"),
+    }
+    if batched and single:
+        metrics["cpu_ratio_single_over_batched"] = single["server_cpu_s"] / batched["server_cpu_s"]
+    for mode in ("stream", "stream_cache"):
+        if mode in results:
+            metrics[f"{mode}_p99_ms"] = results[mode]["p99_ms"]
+            metrics[f"{mode}_cpu_s"] = results[mode]["server_cpu_s"]
+    extra = dict(
+        targets={"p99_ms": "<= 15", "single_cpu_s / batched_cpu_s": ">= 8"},
+        decoders=args.decoders,
+        beam=args.beam,
+        candidates=args.candidates,
+        steps_per_decoder=args.steps,
+        modes=results,
+        server={"workers": args.workers, "scorer_threads": 1, "max_wait_ms": args.max_wait_ms, "engine": "threads"},
+        model={"bundle": str(args.bundle), "ngram": str(ngram) if ngram else None, "lambda": args.lam},
+        server_errors=len(errors),
+        note="load generator on the same machine and cores as the server; server CPU from /proc",
+    )
+    if args.no_write:
+        print(json.dumps({"metrics": metrics, **extra}, indent=1))
+    else:
+        write_result("beam_step_load", metrics, **extra)
+    return {"metrics": metrics, **extra}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""What the decoding benchmarks share (decode_parity, decode_synthetic, beam_step_load, state_cache_soak): the English
+LM (a word bundle, its 4-gram on the same vocabulary, LibriSpeech text form), LibriSpeech dev references, a server
+config for it, and the server's CPU time and memory read from /proc.
+
+The model: ``var/bundles/english_lm`` (``--bundle``), ``var/ngrams/english_4gram.bin`` (``--ngram``), normaliser
+preset ``librispeech`` (upper case, punctuation stripped: LibriSpeech's own form), interpolation λ = 0.5 unless a
+benchmark says otherwise. Tests run the same code on the tiny bundles of tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import DATA_DIR, ROOT
+from lmserve.rescoring.nbest import read_nbest
+
+BUNDLE = ROOT / "var" / "bundles" / "english_lm"
+NGRAM = ROOT / "var" / "ngrams" / "english_4gram.bin"
+NORMALIZE = "librispeech"
+LAMBDA = 0.5
+LABELS = ["", " ", "'", *string.ascii_uppercase]  # CTC labels: blank, word separator, LibriSpeech's characters
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def references(split: str, limit: int | None = None, seed: int = 0) -> list[str]:
+    """LibriSpeech ``split`` references (``librispeech-nbest/SPLIT.tar.gz``), in a fixed shuffled order."""
+    nbest = read_nbest(DATA_DIR / "librispeech-nbest" / f"{split}.tar.gz")
+    texts = [" ".join(e.references[0].split()) for e in nbest.entries if e.references]
+    order = np.random.default_rng(seed).permutation(len(texts))
+    return [texts[i] for i in order[:limit]]
+
+
+def serve_config(
+    folder: Path,
+    bundle: Path,
+    ngram: Path | None,
+    lam: float | None,
+    normalize: str | None = NORMALIZE,
+    workers: int = 2,
+    state_cache_mb: float = 256.0,
+    ttl_seconds: float = 60.0,
+    max_wait_ms: float = 2.0,
+    model: str = "english",
+) -> Path:
+    """A one-model lm-serve config. ``max_wait_ms`` is short: beam steps are latency-bound (a step merges with the
+    steps of other decoders that are already waiting, not with those a longer wait would bring)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [
+        f"[server]\nworkers = {workers}\nscorer_threads = 1\nmetrics_port = 0\nmax_concurrent_calls = 1024\n",
+        f"grace_seconds = 30.0\nadmin = true\n[batching]\nmax_wait_ms = {max_wait_ms}\n",
+        f"[limits]\nmax_message_bytes = {64 << 20}\n",
+        f"[state_cache]\nmax_mb = {state_cache_mb}\nttl_seconds = {ttl_seconds}\n",
+        f'[models.{model}]\nbundle = "{bundle}"\n',
+    ]
+    if normalize:
+        lines.append(f'normalize = "{normalize}"\n')
+    if ngram:
+        lines.append(f'ngram = "{ngram}"\n')
+        if lam:
+            lines.append(f"lambda = {lam}\n")
+    path = folder / "serve.toml"
+    path.write_text("".join(lines))
+    return path
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of process ``root`` and its living descendants (scoring processes included)."""
+    total = 0
+    for pid in _tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / CLOCK_TICKS
+
+
+def rss_mb(root: int) -> float:
+    """Resident memory of process ``root`` and its descendants, MB."""
+    total = 0
+    for pid in _tree(root):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def percentiles(values_ms: list[float]) -> dict:
+    a = np.asarray(values_ms, dtype=np.float64)
+    if not len(a):
+        return {"n": 0}
+    return {
+        "n": len(a),
+        "p50_ms": float(np.percentile(a, 50)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "mean_ms": float(a.mean()),
+        "max_ms": float(a.max()),
+    }
