@@ -23,6 +23,8 @@ from lmserve.rescoring.nbest import FORMATS, read_nbest
 from lmserve.rescoring.ngram import LN10, NgramError, build_ngram, model_files
 from lmserve.rescoring.ngram_mix import load_ngram, tune_mixture
 from lmserve.rescoring.outputs import check_outputs
+from lmserve.rescoring.score_lines import FORMATS as SCORE_FORMATS
+from lmserve.rescoring.score_lines import score_line
 from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
 
 
@@ -81,23 +83,10 @@ def _score(args) -> int:
     start = time.perf_counter()
     scores = scorer.score(sentences)
     elapsed = time.perf_counter() - start
-    out = sys.stdout
     for text, s in zip(sentences, scores, strict=True):
-        total = s.log10prob if args.log10 else s.logprob
-        if args.format == "jsonl":
-            tokens = s.token_log10probs if args.log10 else s.token_logprobs
-            record = {"text": text, "logprob": s.logprob, "log10prob": s.log10prob, "oov": s.oov}
-            if args.open_vocab:
-                record["spelled"] = s.spelled
-            if args.per_token:
-                record["tokens"] = [[w, float(v)] for w, v in zip([*s.words, "</s>"], tokens, strict=True)]
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        elif args.per_token:
-            tokens = s.token_log10probs if args.log10 else s.token_logprobs
-            pairs = " ".join(f"{w}={v:.4f}" for w, v in zip([*s.words, "</s>"], tokens, strict=True))
-            out.write(f"{total:.6f}\t{pairs}\n")
-        else:
-            out.write(f"{total:.6f}\n")
+        tokens = list(zip([*s.words, "</s>"], s.token_logprobs.tolist(), strict=True)) if args.per_token else None
+        extra = {"spelled": s.spelled} if args.open_vocab else {}
+        sys.stdout.write(score_line(text, s.logprob, s.oov, args.format, args.log10, tokens, **extra))
     tokens = sum(len(s.token_logprobs) for s in scores)
     kind = SCORE_KINDS[scorer.normalisation]
     spelled = sum(s.spelled for s in scores)
@@ -230,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--input", default="-", help="sentences, one per line (default: standard input)")
     score.add_argument("--per-token", action="store_true", help="also print every token's score (</s> last)")
     score.add_argument("--log10", action="store_true", help="scores in log10 instead of natural log")
-    score.add_argument("--format", choices=("text", "jsonl"), default="text")
+    score.add_argument(
+        "--format", choices=SCORE_FORMATS, default="text", help="text or jsonl, laid out as lm-serve client score's"
+    )
     score.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
     score.add_argument(
         "--normalize",

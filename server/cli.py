@@ -27,6 +27,8 @@ from lmserve.rescoring.nbest import FOLDER_FORMATS, FORMATS, MAX_WORDS, read_nbe
 from lmserve.rescoring.nbest.checks import parse_defaults
 from lmserve.rescoring.ngram import NgramError
 from lmserve.rescoring.outputs import check_outputs
+from lmserve.rescoring.score_lines import FORMATS as SCORE_FORMATS
+from lmserve.rescoring.score_lines import score_line
 from lmserve.server.config import load_config
 from lmserve.server.logs import setup_logging
 
@@ -76,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument(
         "--score", choices=("neural", "ngram", "interpolated"), default="neural", help="which model's score to print"
     )
-    score.add_argument("--format", choices=("text", "jsonl"), default="text")
+    score.add_argument(
+        "--format", choices=SCORE_FORMATS, default="text", help="text or jsonl, laid out as lm-rescore score's"
+    )
     score.set_defaults(func=_score)
 
     rescore = calls.add_parser("rescore", help="rerank an n-best/k-best list (RescoreNBest, or RescoreKBest)")
@@ -153,25 +157,16 @@ def _score(args) -> int:
     else:
         with open(args.input, "rb") as f:
             sentences = read_lines(f, args.input)
-    unit = "log10prob" if args.log10 else "logprob"
-    tokens_unit = "token_log10probs" if args.log10 else "token_logprobs"
     with _client(args) as client:
         for start in range(0, len(sentences), SCORE_BATCH):
             batch = sentences[start : start + SCORE_BATCH]
-            response = client.score_sentences(batch, args.model, args.per_token or args.format == "jsonl")
+            response = client.score_sentences(batch, args.model, args.per_token)
             for text, s in zip(batch, response.sentences, strict=True):
                 if not s.HasField(args.score):
                     raise ValueError(f"model {response.model!r} gives no {args.score} score (no n-gram or no λ)")
                 chosen = getattr(s, args.score)
-                if args.format == "jsonl":
-                    record = {"text": text, **MessageToDict(s, preserving_proto_field_name=True)}
-                    sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
-                elif args.per_token:
-                    values = getattr(chosen, tokens_unit)
-                    pairs = " ".join(f"{w}={v:.4f}" for w, v in zip(s.tokens, values, strict=True))
-                    sys.stdout.write(f"{getattr(chosen, unit):.6f}\t{pairs}\n")
-                else:
-                    sys.stdout.write(f"{getattr(chosen, unit):.6f}\n")
+                tokens = list(zip(s.tokens, chosen.token_logprobs, strict=True)) if args.per_token else None
+                sys.stdout.write(score_line(text, chosen.logprob, s.oov, args.format, args.log10, tokens))
     return 0
 
 

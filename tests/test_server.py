@@ -406,7 +406,9 @@ def test_client_cli(server, client, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"w1 w2\n")))
     assert serve_main([*target, "score", "--format", "jsonl", "--score", "interpolated", "--log10"]) == 0
     record = json.loads(capsys.readouterr().out)
-    assert record["text"] == "w1 w2" and record["tokens"] == ["w1", "w2", "</s>"] and "interpolated" in record
+    interpolated = client.score_sentences(["w1 w2"], "exact").sentences[0].interpolated
+    assert list(record) == ["text", "logprob", "log10prob", "oov"] and record["text"] == "w1 w2"
+    assert record["logprob"] == pytest.approx(interpolated.logprob)
 
     lists, out = tmp_path / "lists.jsonl", tmp_path / "out.jsonl"
     write_nbest(noisy_lists(6, 17), lists, "jsonl")
@@ -421,6 +423,35 @@ def test_client_cli(server, client, tmp_path, monkeypatch, capsys):
     assert [m["name"] for m in json.loads(capsys.readouterr().out)["models"]] == ["exact", "selfnorm"]
     assert serve_main([*target, "info", "nope"]) == 1
     assert "NOT_FOUND: unknown model 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("form", [["--format", "jsonl", "--per-token"], ["--format", "jsonl"], ["--per-token"], []])
+def test_client_score_and_lm_rescore_score_print_a_score_alike(server, bundles, tmp_path, monkeypatch, capsys, form):
+    """Issue 34: the same score, laid out the same way by both commands (``rescoring.score_lines``)."""
+    (tmp_path / "s.txt").write_text("w1 w2 w3\nw9\n")
+    assert (
+        serve_main(
+            ["client", "--server", server[0], "score", "--model", "exact", "--input", str(tmp_path / "s.txt"), *form]
+        )
+        == 0
+    )
+    served = capsys.readouterr().out.splitlines()
+    assert (
+        rescore_main(["score", "--lm", str(bundles[("full", 0.0)][1]), "--input", str(tmp_path / "s.txt"), *form]) == 0
+    )
+    local = capsys.readouterr().out.splitlines()
+    assert len(served) == len(local) == 2
+    for a, b in zip(served, local, strict=True):
+        if "jsonl" in form:
+            a, b = json.loads(a), json.loads(b)
+            assert list(a) == list(b) and a["text"] == b["text"] and a["oov"] == b["oov"]
+            assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
+            assert [w for w, _ in a.get("tokens", [])] == [w for w, _ in b.get("tokens", [])]
+        else:
+            (total_a, *tokens_a), (total_b, *tokens_b) = a.split("\t"), b.split("\t")
+            assert float(total_a) == pytest.approx(float(total_b), abs=1e-4) and len(tokens_a) == len(tokens_b)
+            words = [[pair.split("=")[0] for pair in t.split()] for t in (*tokens_a, *tokens_b)]
+            assert words[: len(words) // 2] == words[len(words) // 2 :]
 
 
 def test_client_rescore_writes_the_html_report(server, tmp_path, capsys):
