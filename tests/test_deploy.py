@@ -127,3 +127,91 @@ def test_the_entry_point_passes_ports_from_the_environment(tmp_path, variable, f
     result = entrypoint({"LMSERVE_CONFIG": str(tmp_path / "x.toml"), variable: "not-a-port"})
     assert result.returncode == 2  # argparse refused the value: it reached lm-serve's option
     assert f"{flag}: invalid int value: 'not-a-port'" in result.stderr
+
+
+# -- issue 34: the walkthrough as written ------------------------------------------------------------------------
+
+MODELS = DEPLOY / "kubernetes" / "models"
+GUIDE = [DEPLOY.parent / "README.md", *sorted((DEPLOY.parent / "docs").rglob("*.md"))]
+
+
+def test_every_documented_podman_run_has_a_read_only_root():
+    runs = [
+        f"{path.name}: {line.strip()}"
+        for path in sorted(DEPLOY.rglob("*"))
+        if path.is_file()
+        for line in path.read_text().splitlines()
+        if "podman.sh run" in line or "podman run" in line
+    ]
+    assert runs and all("--read-only" in run for run in runs), runs
+
+
+def test_the_autoscaler_alone_sets_the_number_of_pods():
+    assert "replicas" not in manifests()["Deployment"]["spec"]  # kubectl apply would reset the autoscaler's count
+
+
+def fake_command(tmp_path: Path, name: str, script: str) -> Path:
+    """A stand-in for ``name`` that logs its arguments to ``name.log`` and then runs ``script``."""
+    path = tmp_path / name
+    path.write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path / name}.log"\n{script}\n')
+    path.chmod(0o755)
+    return path
+
+
+def test_the_models_volume_is_defined_filled_with_what_the_guide_writes_and_named_by_the_config(tmp_path):
+    pvc, loader = (yaml.safe_load((MODELS / name).read_text()) for name in ("pvc.yaml", "loader.yaml"))
+    volumes = {v["name"]: v for v in manifests()["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    claim = volumes["models"]["persistentVolumeClaim"]["claimName"]
+    assert pvc["kind"] == "PersistentVolumeClaim" and pvc["metadata"]["name"] == claim
+    assert loader["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim
+    (key,) = manifests()["ConfigMap"]["data"]
+    (tmp_path / key).write_text(manifests()["ConfigMap"]["data"][key])
+    model = next(iter(load_config(tmp_path / key).models.values()))
+    served = {str(p) for p in (model.bundle, model.ngram, *model.profiles.values())}
+
+    env = {**os.environ, "KUBECTL": str(fake_command(tmp_path, "kubectl", ""))}
+    work = tmp_path / "work"  # a checkout, run from its root
+    work.mkdir()
+    missing = subprocess.run(["sh", str(MODELS / "load.sh")], cwd=work, env=env, capture_output=True, text=True)
+    assert missing.returncode == 1 and "run the LibriSpeech rescoring session first" in missing.stderr
+    copied = re.search(r'models="([^"]+)"', (MODELS / "load.sh").read_text())[1].split()
+    for name in copied:
+        (work / "var" / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / "var" / name).write_text("x")
+    done = subprocess.run(["sh", str(MODELS / "load.sh")], cwd=work, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    calls = (tmp_path / "kubectl.log").read_text().splitlines()
+    assert calls[0].startswith("apply") and calls[1].startswith("wait") and calls[-1].startswith("delete")
+    targets = [call.split()[-1].split(":", 1)[1] for call in calls if call.startswith("cp ")]
+    assert set(targets) == served  # the config serves exactly what is copied in
+
+    written = set()  # what the guide's commands write: --out of export, tune (a file) and ngram build (NAME.bin)
+    for path in GUIDE:
+        for out in re.findall(r"--out (var/\S+)", path.read_text()):
+            written |= {out, f"{out}.bin"}
+    assert {f"var/{name}" for name in copied} <= written, written
+
+
+@pytest.mark.parametrize("failure", ["ERROR: No matching distribution found for grpcio>=1.85.1", "ERROR: disk full"])
+def test_the_image_build_says_which_flag_a_tls_intercepting_proxy_needs(tmp_path, failure):
+    podman = fake_command(tmp_path, "podman", f'case "$1" in build) echo "{failure}"; exit 1;; esac')
+    env = {**os.environ, "PODMAN": str(podman)}
+    done = subprocess.run(["sh", str(DEPLOY / "build-image.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and failure in done.stdout
+    advised = "deploy/build-image.sh --pip-ca /etc/ssl/certs/ca-certificates.crt" in done.stderr
+    assert advised == ("No matching distribution" in failure), done.stderr
+
+
+def test_the_image_build_passes_the_proxys_ca_and_mentions_the_builder_image_it_leaves(tmp_path):
+    podman = fake_command(tmp_path, "podman", 'case "$1" in images) echo "0123abcd 1.1 GB";; esac')
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    env = {**os.environ, "PODMAN": str(podman)}
+    done = subprocess.run(
+        ["sh", str(DEPLOY / "build-image.sh"), "--pip-ca", str(tmp_path / "ca.pem"), "localhost/lmserve:test"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    build = (tmp_path / "podman.log").read_text().splitlines()[0]
+    assert f"--secret id=pip_ca,src={tmp_path / 'ca.pem'}" in build and "-t localhost/lmserve:test" in build
+    assert "--format docker" in build and "-f " in build
+    assert "untagged image" in done.stderr and "0123abcd 1.1 GB" in done.stderr and "image prune" in done.stderr
