@@ -16,6 +16,8 @@ sentence's end the beam starts the next one. One step, four ways (the same steps
 
 Per way: the latency of a step (until its last answer; p50/p99), steps/s, and the server's CPU seconds for all the
 steps (/proc, server process and its children; the load generator runs on the same cores but is not counted).
+Decoders step back to back unless ``--think-ms`` gives each its own work between steps; first, one decoder alone
+gives the floor (``one_decoder_p99_ms``): the latency of a batched beam step on an otherwise idle server.
 The server: the English LM bundle with its 4-gram at λ (``benchmarks/decoding.py``), 2 scoring threads of 1 ONNX
 Runtime thread, micro-batching waits at most ``--max-wait-ms``. Metrics: ``p99_ms`` (batched), ``batched_cpu_s``,
 ``single_cpu_s``; targets p99 ≤ 15 ms and single/batched CPU ≥ 8.
@@ -94,7 +96,7 @@ def first_states(response) -> list:
     return [item.words[0].state_id or item.words[0].state for item in response.items]
 
 
-async def decoder(stub, mode: str, walk: Walk, steps: int, latencies: list[float]) -> None:
+async def decoder(stub, mode: str, walk: Walk, steps: int, latencies: list[float], think: float = 0.0) -> None:
     stream = None
     if mode.startswith("stream"):
         stream = stub.StreamNextWords()
@@ -116,18 +118,22 @@ async def decoder(stub, mode: str, walk: Walk, steps: int, latencies: list[float
             states = first_states(await stub.ScoreNextWordsBatch(request(walk, items), timeout=60))
         latencies.append((time.perf_counter() - start) * 1000)
         release = walk.advance(states)
+        if think:
+            await asyncio.sleep(think)
     if stream is not None:
         await stream.done_writing()
         await stream.read()  # the end of the stream (EOF)
 
 
-async def measure(address: str, mode: str, walks: list[Walk], steps: int) -> tuple[list[float], float]:
+async def measure(
+    address: str, mode: str, walks: list[Walk], steps: int, think: float = 0.0
+) -> tuple[list[float], float]:
     latencies: list[float] = []
     options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
     async with grpc.aio.insecure_channel(address, options=options) as channel:
         stub = LMServiceStub(channel)
         start = time.perf_counter()
-        await asyncio.gather(*(decoder(stub, mode, w, steps, latencies) for w in walks))
+        await asyncio.gather(*(decoder(stub, mode, w, steps, latencies, think) for w in walks))
         return latencies, time.perf_counter() - start
 
 
@@ -144,6 +150,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=10, help="steps per decoder before each way, not measured")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    parser.add_argument(
+        "--think-ms", type=float, default=0.0, help="a decoder's own work between steps (0: steps back to back)"
+    )
+    parser.add_argument("--solo-steps", type=int, default=30, help="batched steps of one decoder alone (0: none)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--texts", type=Path, help="(tests) sentences to walk instead of LibriSpeech's")
     parser.add_argument("--no-write", action="store_true", help="print the result, write no file (tests)")
@@ -161,12 +171,19 @@ def main(argv: list[str] | None = None) -> dict:
             max_wait_ms=args.max_wait_ms,
         )  # fmt: skip
         with ServerProcess(config, Path(tmp) / "server.log", start_timeout=300) as server:
+            if args.solo_steps:  # the floor: one decoder's batched step on an otherwise idle server
+                walks = [Walk(sentences, vocab, args.beam, args.candidates, 99, False)]
+                asyncio.run(measure(server.address, "batched", walks, 3))
+                latencies, _ = asyncio.run(measure(server.address, "batched", walks, args.solo_steps))
+                results["batched_one_decoder"] = percentiles(latencies)
+                print("batched_one_decoder", json.dumps(results["batched_one_decoder"]), flush=True)
+            think = args.think_ms / 1000
             for mode in args.modes.split(","):
                 cache = mode == "stream_cache"
                 walks = [Walk(sentences, vocab, args.beam, args.candidates, i, cache) for i in range(args.decoders)]
-                asyncio.run(measure(server.address, mode, walks, args.warmup))
+                asyncio.run(measure(server.address, mode, walks, args.warmup, think))
                 before = cpu_seconds(server.pid)
-                latencies, seconds = asyncio.run(measure(server.address, mode, walks, args.steps))
+                latencies, seconds = asyncio.run(measure(server.address, mode, walks, args.steps, think))
                 cpu = cpu_seconds(server.pid) - before
                 steps = len(latencies)
                 results[mode] = {
@@ -188,6 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if batched and single:
         metrics["cpu_ratio_single_over_batched"] = single["server_cpu_s"] / batched["server_cpu_s"]
+    if "batched_one_decoder" in results:
+        metrics["one_decoder_p99_ms"] = results["batched_one_decoder"]["p99_ms"]
     for mode in ("stream", "stream_cache"):
         if mode in results:
             metrics[f"{mode}_p99_ms"] = results[mode]["p99_ms"]
@@ -198,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
         beam=args.beam,
         candidates=args.candidates,
         steps_per_decoder=args.steps,
+        think_ms=args.think_ms,
         modes=results,
         server={"workers": args.workers, "scorer_threads": 1, "max_wait_ms": args.max_wait_ms, "engine": "threads"},
         model={"bundle": str(args.bundle), "ngram": str(ngram) if ngram else None, "lambda": args.lam},

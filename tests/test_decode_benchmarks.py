@@ -43,10 +43,10 @@ def test_decode_synthetic(setup):
 def test_beam_step_load(setup):
     from benchmarks.beam_step_load import MODES, main
 
-    result = main([*setup, "--decoders", "3", "--beam", "4", "--steps", "6", "--warmup", "1"])
-    assert set(result["modes"]) == set(MODES) and result["server_errors"] == 0
+    result = main([*setup, "--decoders", "3", "--beam", "4", "--steps", "6", "--warmup", "1", "--solo-steps", "3"])
+    assert set(result["modes"]) == {*MODES, "batched_one_decoder"} and result["server_errors"] == 0
     assert all(result["modes"][m]["steps"] == 18 for m in MODES)
-    assert result["metrics"]["p99_ms"] > 0
+    assert result["metrics"]["p99_ms"] > 0 and result["metrics"]["one_decoder_p99_ms"] > 0
 
 
 def test_state_cache_soak(setup):
