@@ -16,6 +16,7 @@ word's end. The word is then normalised as the model's text is (the bundle's set
 tokens are read one after the other (a word that normalises to several tokens gets their summed score, one to none
 scores 0). Until then a partial word costs nothing while it is the prefix of some vocabulary word and
 ``unk_score_offset`` once it is not (pyctcdecode's rule for KenLM; flashlight uses its own lexicon lookahead).
-The end of the utterance adds ``</s>``. Summed along a decoded path, the adapter's scores therefore equal
+The end of the utterance adds ``</s>``. (flashlight's lexicon-free decoder gives the LM every token it emits, which
+fits a word-level LM only when the decoder's tokens are words: with characters or pieces, use the lexicon decoder.) Summed along a decoded path, the adapter's scores therefore equal
 ``lm-rescore score`` of the decoded sentence (benchmarks/decode_parity.py checks it to 1e-4).
 """
