@@ -1,8 +1,15 @@
-"""Malformed n-best files for every reader, drawn by hypothesis: a valid list in each format (as its writer writes it),
-then one file of it cut short, a byte changed, or a token replaced by one of another type. What a reader must do with
-each (``check``): a clean error that names the file, or a list that round-trips through its writer; never a
-traceback, never a partial output. Used by tests/test_nbest_fuzz.py (a few cases) and
-benchmarks/rescore_robustness.py (thousands)."""
+"""N-best lists drawn by hypothesis, for every reader and writer.
+
+- **Round trips.** :func:`general_lists` draws lists of any shape (ids, texts of Unicode words, three numeric
+  features ``f0``-``f2``, references, sources); :func:`as_format` turns one into what a format holds (its feature
+  names, its id and reference rules: what its writer writes and its reader gives back), so that the same drawn lists
+  feed every format and each must come back from a write and a read unchanged.
+- **Malformed files.** A valid list in each format (:func:`seed_files`, the fixed :data:`SAMPLE` as the format holds
+  it), then one file of it cut short, a byte changed, or a token replaced by one of another type. What a reader must
+  do with each (:func:`check`): a clean error that names the file, or a list that round-trips through its writer;
+  never a traceback, never a partial output.
+
+Used by tests/test_nbest_fuzz.py (a few cases) and benchmarks/rescore_robustness.py (thousands)."""
 
 from __future__ import annotations
 
@@ -15,15 +22,18 @@ from hypothesis import strategies as st
 
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
 
-FEATURES = {  # what each format holds
+FEATURES = {  # the features each format holds, for f0, f1, f2 of a general list (WMT: votes and sys_* indicators)
     "jsonl": ("lm", "am"),
     "espnet": ("score", "decoder", "ctc"),
     "hyporadise": ("score",),
     "moses": ("lm_0", "tm_pt_0", "total"),
     "kaldi": ("ac_cost", "lm_cost"),
     "srilm": ("acoustic", "lm", "num_words"),
+    "fairseq": ("score",),
+    "wmt": (),
 }
 CASES = [*FEATURES, "espnet.tar.gz"]  # the ESPnet dump also as the tarball it is shipped in
+FILE_NAMES = {"jsonl": "list.jsonl", "hyporadise": "list.json", "moses": "list.kbest", "fairseq": "list.fairseq"}
 REPLACEMENTS = [
     '"x"',
     "[]",
@@ -44,28 +54,78 @@ REPLACEMENTS += ["", "²", "0", '"', "\\u0000", " ", "\n", "x=1", "()", "[1, 2]"
 TOKEN = re.compile(rb'-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|"[^"\n]*"|[A-Za-z_]\w*|[\[\]{}()|:=]')
 
 
-def sample(format: str) -> NBestList:
-    """Three entries of three hypotheses (one empty), every feature of the format, one reference each where the
-    format holds references."""
+SAMPLE = NBestList(
+    [
+        NBestEntry(
+            f"utt-{i}",
+            [
+                Hypothesis(text, {f"f{f}": round(-(i + 1.5) * (rank + f / 7), 4) for f in range(3)}, rank)
+                for rank, text in enumerate(["the cat sat", "the cat", ""], 1)
+            ],
+            [f"the cat sat {i}"],
+        )
+        for i in range(3)
+    ]
+)  # three entries of three hypotheses (one empty), one reference each: the valid list that the fuzzing mutates
+
+
+def as_format(general: NBestList, format: str) -> NBestList:
+    """``general`` (features ``f0``-``f2``) as ``format`` holds it (each format's module docstring): its features
+    (SRILM's ``num_words`` the words; WMT's the systems' votes and indicators, one system per rank), ids where it keeps
+    them (else positions; SRILM's entries in file-name order), references (ESPnet, Kaldi, HyPoradise, fairseq: one for
+    every entry or none; WMT: as many for every entry; Moses, SRILM: none), sources (JSONL, fairseq; WMT: all or none)
+    and hypotheses (ESPnet, WMT: as many for every entry)."""
+    size = min(len(e.hypotheses) for e in general) if format in ("espnet", "wmt") else None
+    one_reference = all(e.references for e in general)
+    references = min(len(e.references) for e in general)
+    sources = all(e.source is not None for e in general)
     entries = []
-    for i in range(3):
+    for i, entry in enumerate(general):
         hyps = []
-        for rank, text in enumerate(["the cat sat", "the cat", ""], 1):
-            features = {name: round(-(i + 1.5) * (rank + f / 7), 4) for f, name in enumerate(FEATURES[format])}
+        for rank, hyp in enumerate(entry.hypotheses[:size], 1):
+            if format == "wmt":
+                features = {"votes": 1.0, **{f"sys_rank{k}": float(k == rank) for k in range(1, (size or 0) + 1)}}
+            else:
+                features = {name: hyp.features[f"f{f}"] for f, name in enumerate(FEATURES[format])}
             if format == "srilm":
-                features["num_words"] = float(len(text.split()))
-            hyps.append(Hypothesis(text, features, rank))
-        refs = [] if format in ("moses", "srilm") else [f"the cat sat {i}"]
-        entries.append(NBestEntry(str(i) if format in ("moses", "hyporadise") else f"utt-{i}", hyps, refs))
+                features["num_words"] = float(len(hyp.text.split()))
+            hyps.append(Hypothesis(hyp.text, features, rank))
+        refs = {"jsonl": entry.references, "wmt": entry.references[:references], "moses": [], "srilm": []}.get(
+            format, entry.references[:1] if one_reference else []
+        )
+        source = entry.source if format in ("jsonl", "fairseq") or (format == "wmt" and sources) else None
+        entries.append(NBestEntry(str(i) if format in ("moses", "fairseq", "wmt") else entry.id, hyps, refs, source))
+    if format == "srilm":
+        entries.sort(key=lambda e: f"{e.id}.score")
+    return NBestList(entries)
+
+
+WORD = st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=6)  # letters and digits of any script
+TEXT = st.lists(WORD, min_size=1, max_size=6).map(" ".join)
+
+
+@st.composite
+def general_lists(draw) -> NBestList:
+    """1-4 entries of 1-4 distinct hypotheses (one may be empty), features f0-f2 of any finite value, 0-2 references,
+    a source or none, ids of letters, digits, '_' and '-'."""
+    ids = draw(
+        st.lists(st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,7}", fullmatch=True), min_size=1, max_size=4, unique=True)
+    )
+    number = st.floats(allow_nan=False, allow_infinity=False)
+    entries = []
+    for entry_id in ids:
+        texts = draw(st.lists(st.one_of(TEXT, st.just("")), min_size=1, max_size=4, unique=True))
+        hyps = [Hypothesis(text, {f"f{f}": draw(number) for f in range(3)}, rank) for rank, text in enumerate(texts, 1)]
+        refs = draw(st.lists(TEXT, max_size=2))
+        entries.append(NBestEntry(entry_id, hyps, refs, draw(st.one_of(st.none(), TEXT))))
     return NBestList(entries)
 
 
 def seed_files(case: str, root: Path) -> Path:
     """Write the valid list of ``case`` under ``root``; returns the path a reader is given."""
     format = case.split(".")[0]
-    name = {"jsonl": "list.jsonl", "hyporadise": "list.json", "moses": "list.kbest"}.get(format, "dump")
-    path = root / name
-    write_nbest(sample(format), path, format)
+    path = root / FILE_NAMES.get(format, "dump")
+    write_nbest(as_format(SAMPLE, format), path, format)
     if case == "espnet.tar.gz":
         tarball = root / "dump.tar.gz"
         with tarfile.open(tarball, "w:gz") as tar:
@@ -127,12 +187,11 @@ def check(case: str, path: Path, out_root: Path) -> str:
         assert not leftovers, f"partial output after a refused write: {leftovers}"
         return "refused"
     again = read_nbest(out, format)
-    assert _content(again) == _content(nbest), "the list read back differs from the list written"
+    assert content(again) == content(nbest), "the list read back differs from the list written"
     assert not [f for f in out_root.rglob("*") if f.name.endswith(".tmp")], "temporary files left"
     return "round trip"
 
 
-def _content(nbest: NBestList) -> list:
-    return [
-        (e.id, [(h.text, h.features) for h in e.hypotheses], e.references, e.source) for e in nbest
-    ]  # (ranks: the writers of some formats renumber them)
+def content(nbest: NBestList) -> list:
+    """What a round trip keeps (ranks: the writers of some formats renumber them)."""
+    return [(e.id, [(h.text, h.features) for h in e.hypotheses], e.references, e.source) for e in nbest]

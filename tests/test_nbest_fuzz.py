@@ -1,13 +1,27 @@
-"""Every n-best reader on malformed files drawn by hypothesis (tests/nbest_fuzz.py): a clean error naming the file,
-or a list that round-trips; never a traceback or a partial output. A few cases per format here, to stay fast;
-benchmarks/rescore_robustness.py runs thousands."""
+"""Every n-best reader and writer on lists drawn by hypothesis (tests/nbest_fuzz.py): the same drawn lists, as each
+format holds them, come back unchanged from a write and a read; and a malformed file is a clean error naming the file,
+or a list that round-trips, never a traceback or a partial output. A few cases per format here, to stay fast;
+benchmarks/rescore_robustness.py runs thousands of malformed files."""
 
 import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from nbest_fuzz import CASES, check, mutate, mutations, seed_files
+from nbest_fuzz import CASES, FILE_NAMES, as_format, check, content, general_lists, mutate, mutations, seed_files
+
+from lmserve.rescoring.nbest import FORMATS, read_nbest, write_nbest
+
+
+@settings(max_examples=60, deadline=None)
+@given(general=general_lists())
+def test_every_format_gives_back_the_lists_it_holds(general):
+    with tempfile.TemporaryDirectory() as tmp:
+        for format in FORMATS:
+            nbest = as_format(general, format)
+            path = Path(tmp) / format / FILE_NAMES.get(format, "dump")
+            write_nbest(nbest, path, format)
+            assert content(read_nbest(path, format)) == content(nbest), format
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -3,7 +3,7 @@ WER, BLEU, the oracle and the readers alike (issue 34: a Kaldi ``text`` file wit
 hypothesis identical to its reference as 100% WER, so the oracle was wrong and tune returned all-zero weights)."""
 
 import pytest
-from nbest_fuzz import FEATURES as FUZZ_FEATURES
+from nbest_fuzz import FEATURES
 
 from lmserve.rescoring import metrics
 from lmserve.rescoring.nbest import FORMATS, Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
@@ -15,7 +15,6 @@ SPACES = ["\t", "  ", "\u00a0", "\u3000", " \t "]  # tab, two spaces, no-break s
 WRITTEN = {"jsonl": "l.jsonl", "hyporadise": "l.json", "moses": "l.kbest", "fairseq": "l.txt"}  # the others: folders
 NO_REFERENCES = ("moses", "srilm", "fairseq")  # formats that carry no references: given as a file
 NO_TABS = ("fairseq",)  # tab-separated fields: a tab cannot be inside its text
-FEATURES = {**FUZZ_FEATURES, "wmt": (), "fairseq": ("score",)}  # what each format holds
 
 
 def odd_list(space: str, swap: bool = False, features=("score", "lm")) -> NBestList:
