@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import RESULTS, ROOT, write_result
-from lmserve.rescoring import metrics
+from lmserve.rescoring import metrics, overlap
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup, references_of, report, setup_record, tune, tuning_set
 from lmserve.rescoring.tune import (
@@ -316,10 +316,41 @@ def _figures(nbest, data: TuningSet, chosen: np.ndarray, prefix: str = "") -> tu
     return {prefix + k: v for k, v in figures.items()}, details
 
 
+def leakage(lists: dict, texts: list[Path], normalizer) -> dict[str, dict]:
+    """The leakage guard (``rescoring.overlap``) over the LM training ``texts``, once for the references of all
+    ``lists`` (name -> NBestList), reported per list: how many of its references share an 8-word window with the text
+    (normalised as the LMs see them)."""
+    refs, owners = [], []
+    for name, nbest in lists.items():
+        for entry in nbest:
+            refs += entry.references
+            owners += [name] * len(entry.references)
+    found = overlap.measure(refs, texts, reference_view=normalizer.normalize, ids=owners, offenders=len(refs))
+    result = {}
+    for name in lists:
+        total, matched = owners.count(name), [o for o in found.offenders if o.id == name]
+        result[name] = {
+            "references": total,
+            "matched_references": len(matched),
+            "share_references": len(matched) / total,
+            "worst": [o.text for o in matched[:3]],
+            "n": found.n,
+            "text_files": found.text_files,
+            "text_words": found.text_words,
+            "warning": len(matched) / total > overlap.WARN_SHARE,
+        }
+    return result
+
+
+def _bounded(search: dict, setup: Setup) -> dict:
+    """``search`` with only the bounds of the recipe's own features (one bounds setting serves its ablations)."""
+    return {**search, "bounds": {k: v for k, v in (search.get("bounds") or {}).items() if k in setup.features}}
+
+
 def kfold(nbest, scores, setup: Setup, metric: str, k: int, fixed: str, search: dict) -> tuple[dict, dict]:
     """K-fold CV over contiguous entries of one set: every entry chosen by weights tuned without its fold."""
     data = tuning_set(nbest, setup, scores, metric)
-    cv = cross_validate(data, k=k, fixed=fixed, contiguous=True, **search)
+    cv = cross_validate(data, k=k, fixed=fixed, contiguous=True, **_bounded(search, setup))
     figures, details = _figures(nbest, data, cv.chosen)
     base = _baselines(nbest, data)
     better = (lambda a, b: a > b) if metric == "bleu" else (lambda a, b: a < b)
@@ -344,7 +375,7 @@ def transfer(train, train_scores, test, test_scores, setup: Setup, metric: str, 
     trains = train if isinstance(train, list) else [train]
     train_scores = train_scores if isinstance(train, list) else [train_scores]
     data = _pooled([tuning_set(n, setup, s, metric) for n, s in zip(trains, train_scores, strict=True)])
-    result = tune_weights(data, fixed=fixed, **search)
+    result = tune_weights(data, fixed=fixed, **_bounded(search, setup))
     test_data = tuning_set(test, setup, test_scores, metric)
     figures, details = _figures(test, test_data, reranked_choice(test_data, result.weights))
     details["report"] = details["bootstrap"]["rescored_vs_1best"]

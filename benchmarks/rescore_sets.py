@@ -28,29 +28,31 @@ from pathlib import Path
 
 from benchmarks.common import DATA_DIR as DATA
 from benchmarks.common import ROOT, write_result
-from benchmarks.rescore_protocol import kfold, system_names, transfer
+from benchmarks.rescore_protocol import kfold, leakage, system_names, transfer
 from lmserve.rescoring.nbest import NBestList, read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup
 from lmserve.rescoring.tune import parse_bounds
 
 MAX_WORDS = 1000  # zh-en segment 926 holds 248-word translations
-# Each task's recipe and its ablations (LM alone, consensus alone, both), one per task so that it can be judged on
-# sets it was not made on. MT: the base (fixed at 1) is ``votes``, how many systems gave the candidate; the system
-# indicators are added inside a pair (their systems differ between pairs). ASR lists without scores: the base is the
-# first pass's order (prior = -rank). ATIS: its first-pass score, am_score.
+# Each task's recipe and its ablations (LM alone, consensus alone, both): features and the one fixed at weight 1
+# (the scale), the same recipe for every set of a task, so that it can be judged on sets it was not made on. MT: the
+# system indicators are added inside a pair (their systems differ between pairs); consensus_chrf is the base where it
+# is used (chrF-MBR over the systems), else votes, how many systems gave the candidate. ASR lists without scores:
+# the first pass's order (prior = -rank). ATIS: its first-pass score, am_score, in prior's place.
 MT_RECIPES = {
-    "lm": "votes,neural,ngram,oov,length,chars,src_ratio",
-    "consensus": "votes,consensus_chrf,consensus_bleu,length,chars,src_ratio",
-    "both": "votes,consensus_chrf,consensus_bleu,neural,ngram,oov,length,chars,src_ratio",
+    "lm": ("votes,neural,ngram,oov,length,chars,src_ratio", "votes"),
+    "consensus": ("consensus_chrf,consensus_bleu,votes,length,chars,src_ratio", "consensus_chrf"),
+    "both": ("consensus_chrf,consensus_bleu,votes,neural,ngram,oov,length,chars,src_ratio", "consensus_chrf"),
 }
 ASR_RECIPES = {
-    "lm": "prior,neural,ngram,oov,length",
-    "consensus": "prior,consensus_wer,length",
-    "both": "prior,consensus_wer,neural,ngram,oov,length",
+    "lm": ("prior,neural,ngram,oov,length", "prior"),
+    "consensus": ("prior,consensus_wer,length", "prior"),
+    "both": ("prior,consensus_wer,neural,ngram,oov,length", "prior"),
 }
 ASR_DEFINITIONS = ["prior=-1*rank"]
 BOUNDS = "neural=0:,ngram=0:"  # an LM weight below 0 would reward what the LM finds unlikely
-SEARCH = {"restarts": 6, "penalty": 0.0, "bounds": parse_bounds(BOUNDS)}
+# penalty: of two weight vectors the dev folds cannot tell apart, the one nearer the base wins (rescoring.tune)
+SEARCH = {"restarts": 6, "penalty": 0.01, "bounds": parse_bounds(BOUNDS)}
 
 
 def load(path: Path, models: LanguageModels, cache: Path):
@@ -61,51 +63,56 @@ def load(path: Path, models: LanguageModels, cache: Path):
 
 def models_and_cache(args) -> tuple[LanguageModels, Path]:
     models = LanguageModels.load(args.lm, args.ngram, "librispeech", args.threads)
-    cache = args.cache_dir or ROOT / "var" / "cache" / f"{Path(args.lm).name}__{Path(args.ngram).stem}"
+    cache = (args.cache_dir or ROOT / "var" / "cache") / f"{Path(args.lm).name}__{Path(args.ngram).stem}"
     return models, cache
 
 
-def ablated(run, recipes: dict[str, str]) -> tuple[dict, dict]:
-    """``run(recipe_name, features)`` for every recipe: the figures and details of "both", with every recipe's
-    figures under ``details["ablation"]``."""
-    results = {name: run(name, features) for name, features in recipes.items()}
+def ablated(run, recipes: dict[str, tuple[str, str]]) -> tuple[dict, dict]:
+    """``run(features, fixed)`` for every recipe: the figures and details of "both", with every recipe's figures
+    under ``details["ablation"]``."""
+    results = {name: run(features, fixed) for name, (features, fixed) in recipes.items()}
     figures, details = results["both"]
     details["ablation"] = {name: fig for name, (fig, _) in results.items()}
     return figures, details
 
 
+def recipe_text(recipes: dict[str, tuple[str, str]]) -> str:
+    features, fixed = recipes["both"]
+    return f"features {features} ({fixed} fixed at 1; bounds {BOUNDS}, penalty {SEARCH['penalty']})"
+
+
 def run_wmt22(args) -> None:
     models, cache = models_and_cache(args)
     lists = {pair: load(DATA / "wmt22-en" / pair, models, cache) for pair in ("zh-en", "de-en")}
-    common = {"metric": "bleu", "fixed": "votes", "search": SEARCH}
+    leaks = leakage({pair: nbest for pair, (nbest, _) in lists.items()}, args.lm_text, models.normalizer)
     for pair, (nbest, scores) in lists.items():
         indicators = "," + ",".join(f"sys_{s}" for s in system_names(nbest))
         figures, details = ablated(
-            lambda _, f, nbest=nbest, scores=scores, ind=indicators: kfold(
-                nbest, scores, Setup.parse(f + ind), k=args.folds, **common
+            lambda f, fixed, nbest=nbest, scores=scores, ind=indicators: kfold(
+                nbest, scores, Setup.parse(f + ind), "bleu", args.folds, fixed, SEARCH
             ),
             MT_RECIPES,
         )
         write_result(
             f"rescore_wmt22_{pair.replace('-', '_')}",
             figures,
-            protocol=f"{args.folds}-fold cross-validation over contiguous segments of WMT22 {pair}; features "
-            f"{MT_RECIPES['both']} and the system indicators (votes fixed at 1, bounds {BOUNDS}), BLEU tuned; each "
-            "k-best list is the distinct outputs of the primary systems for the segment",
+            protocol=f"{args.folds}-fold cross-validation over contiguous segments of WMT22 {pair}; "
+            f"{recipe_text(MT_RECIPES)} and the system indicators, BLEU tuned; each k-best list is the distinct "
+            "outputs of the primary systems for the segment",
             details=details,
-            models=models.paths,
+            leakage=leaks[pair],
         )
     (zh, zh_scores), (de, de_scores) = lists["zh-en"], lists["de-en"]
     figures, details = ablated(
-        lambda _, features: transfer(zh, zh_scores, de, de_scores, Setup.parse(features), **common), MT_RECIPES
+        lambda f, fixed: transfer(zh, zh_scores, de, de_scores, Setup.parse(f), "bleu", fixed, SEARCH), MT_RECIPES
     )
     write_result(
         "rescore_wmt22_transfer",
         figures,
-        protocol=f"weights tuned on all of WMT22 zh-en (features {MT_RECIPES['both']}, no system indicators, bounds "
-        f"{BOUNDS}) applied unchanged to de-en",
+        protocol=f"weights tuned on all of WMT22 zh-en ({recipe_text(MT_RECIPES)}, no system indicators) applied "
+        "unchanged to de-en",
         details=details,
-        models=models.paths,
+        leakage=leaks["de-en"],
     )
 
 
@@ -120,12 +127,12 @@ HYPORADISE = {
 def run_hyporadise(args) -> None:
     models, cache = models_and_cache(args)
     lists = {name: load(path, models, cache) for name, path in HYPORADISE.items()}
-    common = {"metric": "wer", "fixed": "prior", "search": SEARCH}
+    leaks = leakage({name: nbest for name, (nbest, _) in lists.items()}, args.lm_text, models.normalizer)
     cv, cv_details, moved, moved_details = {}, {}, {}, {}
     for name, (nbest, scores) in lists.items():
         figures, cv_details[name] = ablated(
-            lambda _, f, nbest=nbest, scores=scores: kfold(
-                nbest, scores, Setup.parse(f, ASR_DEFINITIONS), k=args.folds, **common
+            lambda f, fixed, nbest=nbest, scores=scores: kfold(
+                nbest, scores, Setup.parse(f, ASR_DEFINITIONS), "wer", args.folds, fixed, SEARCH
             ),
             ASR_RECIPES,
         )
@@ -134,8 +141,8 @@ def run_hyporadise(args) -> None:
         others = [lists[o] for o in lists if o != name]
         tune_lists, tune_scores = [n for n, _ in others], [s for _, s in others]
         figures, moved_details[name] = ablated(
-            lambda _, f, tl=tune_lists, ts=tune_scores, nbest=nbest, scores=scores: transfer(
-                tl, ts, nbest, scores, Setup.parse(f, ASR_DEFINITIONS), **common
+            lambda f, fixed, tl=tune_lists, ts=tune_scores, nbest=nbest, scores=scores: transfer(
+                tl, ts, nbest, scores, Setup.parse(f, ASR_DEFINITIONS), "wer", fixed, SEARCH
             ),
             ASR_RECIPES,
         )
@@ -143,43 +150,41 @@ def run_hyporadise(args) -> None:
     write_result(
         "rescore_hyporadise_cv",
         cv,
-        protocol=f"{args.folds}-fold cross-validation over contiguous utterances of each set; features "
-        f"{ASR_RECIPES['both']} ({ASR_DEFINITIONS[0]}, fixed at 1; bounds {BOUNDS}), WER tuned",
+        protocol=f"{args.folds}-fold cross-validation over contiguous utterances of each set; "
+        f"{recipe_text(ASR_RECIPES)} with {ASR_DEFINITIONS[0]}, WER tuned",
         details=cv_details,
-        models=models.paths,
+        leakage=leaks,
     )
     write_result(
         "rescore_hyporadise_transfer",
         moved,
-        protocol=f"each set rescored with weights tuned on the union of the other three; features "
-        f"{ASR_RECIPES['both']}, bounds {BOUNDS}",
+        protocol=f"each set rescored with weights tuned on the union of the other three; {recipe_text(ASR_RECIPES)}",
         details=moved_details,
-        models=models.paths,
+        leakage=leaks,
     )
 
 
-ATIS_COMMON = {"metric": "wer", "fixed": "am_score", "search": SEARCH}
 ATIS_TUNE_FROM = 3171  # train_atis: the LMs adapt on entries before it (80%), the weights tune on the rest
+ATIS_RECIPES = {name: (f.replace("prior", "am_score"), "am_score") for name, (f, _) in ASR_RECIPES.items()}
 
 
 def run_atis(args) -> None:
     """The in-domain LMs (``--lm``, ``--ngram``: adapted on the references of train_atis[:ATIS_TUNE_FROM]) against
     the general ones (``--general-lm``, ``--general-ngram``); weights tuned on the lists of train_atis[ATIS_TUNE_FROM:],
     whose references no LM saw, and applied to test_atis."""
-    recipes = {name: f.replace("prior", "am_score") for name, f in ASR_RECIPES.items()}
     details, figures = {}, {}
     for kind, lm, ngram in (("general", args.general_lm, args.general_ngram), ("adapted", args.lm, args.ngram)):
         models = LanguageModels.load(lm, ngram, "librispeech", args.threads)
-        cache = args.cache_dir or ROOT / "var" / "cache" / f"{Path(lm).name}__{Path(ngram).stem}"
+        cache = args.cache_dir or ROOT / "var" / "cache"
+        cache = cache / f"{Path(lm).name}__{Path(ngram).stem}"
         train, train_scores = load(DATA / "hyporadise" / "train_atis.json.gz", models, cache)
         test, test_scores = load(DATA / "hyporadise" / "test_atis.json.gz", models, cache)
         dev = NBestList(train.entries[ATIS_TUNE_FROM:], f"{train.name}[{ATIS_TUNE_FROM}:]")
-        dev_scores = train_scores[ATIS_TUNE_FROM:]
-        fig, det = ablated(
-            lambda _, f, d=(dev, dev_scores, test, test_scores): transfer(*d, Setup.parse(f), **ATIS_COMMON), recipes
-        )
+        data = (dev, train_scores[ATIS_TUNE_FROM:], test, test_scores)
+        fig, det = ablated(lambda f, fixed, d=data: transfer(*d, Setup.parse(f), "wer", fixed, SEARCH), ATIS_RECIPES)
         det["models"] = models.paths
         details[kind] = det
+        leaks = leakage({"train_atis_tune": dev, "test_atis": test}, args.lm_text, models.normalizer)
         if kind == "adapted":
             figures = {"wer_1best": fig["wer_1best"], "wer_rescored": fig["wer_rescored"]}
             figures["p_value"] = det["report"]["p_value"]
@@ -187,10 +192,11 @@ def run_atis(args) -> None:
     write_result(
         "rescore_atis",
         figures,
-        protocol=f"LMs adapted on the references of train_atis[:{ATIS_TUNE_FROM}]; weights (features "
-        f"{recipes['both']}, am_score fixed at 1, bounds {BOUNDS}) tuned on the lists of "
-        f"train_atis[{ATIS_TUNE_FROM}:], applied unchanged to test_atis",
+        protocol=f"LMs adapted on the references of train_atis[:{ATIS_TUNE_FROM}]; weights "
+        f"({recipe_text(ATIS_RECIPES)}) tuned on the lists of train_atis[{ATIS_TUNE_FROM}:], applied unchanged to "
+        "test_atis",
         details=details,
+        leakage=leaks,
     )
 
 
@@ -201,9 +207,14 @@ def main() -> None:
     parser.add_argument("--ngram", type=Path, required=True)
     parser.add_argument("--general-lm", type=Path, help="atis: the general LM bundle, for the ablation")
     parser.add_argument("--general-ngram", type=Path, help="atis: the general n-gram, for the ablation")
+    parser.add_argument(
+        "--lm-text", type=Path, nargs="+", required=True, help="every text behind the LMs, for the leakage guard"
+    )
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--cache-dir", type=Path, help="LM score caches (default: var/cache/BUNDLE__NGRAM)")
+    parser.add_argument(
+        "--cache-dir", type=Path, help="where LM score caches go, in BUNDLE__NGRAM/ (default: var/cache)"
+    )
     args = parser.parse_args()
     {"wmt22": run_wmt22, "hyporadise": run_hyporadise, "atis": run_atis}[args.task](args)
 
