@@ -1,8 +1,8 @@
-"""lm-rescore with bad input and crashes (issue 22) -> rescore_robustness.json
+"""lm-rescore with bad input and crashes (issues 22 and 34) -> rescore_robustness.json
 
     python -m benchmarks.rescore_robustness [--fuzz-cases 1000] [--kills 20] [--bundle var/bundles/demo]
 
-Three measurements:
+Five measurements:
 
 - **Reader fuzzing.** For every n-best format (and the ESPnet tarball) ``--fuzz-cases`` malformed files drawn by
   hypothesis (tests/nbest_fuzz.py: a valid list with one file cut short, a byte changed or a token of another type):
@@ -15,6 +15,13 @@ Three measurements:
 - **Time to a validation error** on the whole of dev_other.tar.gz, the wall time of the command from its start: a bad
   flag (``tune --lambdas abc``), and missing references (``nbest --references`` with a line too few). Target <= 2 s:
   before any model runs.
+- **Output clashes** (issue 34): every case of tests/output_clashes.py, each pair of paths of every command that writes
+  that may clash (an output at an input's path, two outputs at one path, one inside the other), run in a fresh folder
+  of inputs. Counted: files lost or changed (target 0), and commands that did not refuse with exit 2.
+- **Word spacing** (issue 34): ``lm-rescore nbest`` with a report on a list of every format whose first hypotheses
+  have the words of their references, spaced otherwise (a tab, two spaces, a no-break or an ideographic space, a mix;
+  in the hypothesis or in the reference; tests/nbest_fuzz.py ``respaced``). Counted: runs whose 1-best, rescored or
+  oracle WER is not 0 (target 0).
 """
 
 from __future__ import annotations
@@ -35,8 +42,23 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 
 from benchmarks.common import DATA_DIR, ROOT, write_result
-from lmserve.rescoring.nbest import NBestList, read_nbest, write_nbest
-from tests.nbest_fuzz import CASES, check, mutate, mutations, seed_files
+from lmserve.rescoring.nbest import FORMATS, NBestList, read_nbest, write_nbest
+from tests import output_clashes
+from tests.nbest_fuzz import (
+    CASES,
+    FEATURES,
+    FILE_NAMES,
+    NO_REFERENCES,
+    NO_TABS,
+    SPACES,
+    as_format,
+    check,
+    mutate,
+    mutations,
+    respaced,
+    seed_files,
+    write_references,
+)
 
 DEV_OTHER = DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
 UTTERANCES = 100  # of dev_other, for the kill runs
@@ -218,6 +240,63 @@ def validation_times(bundle: Path, rounds: int) -> dict:
     } | {"messages": messages}
 
 
+# -- output clashes and word spacing (issue 34) -------------------------------------------------------------------
+
+
+def clashes() -> dict:
+    """Each output-clash case in a fresh folder of inputs: refused (exit 2), every file as it was."""
+    lost = not_refused = 0
+    failures = []
+    for name, (argv, _, _) in output_clashes.CASES.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            root = output_clashes.write_inputs(Path(tmp))
+            before = output_clashes.snapshot(root)
+            code, err = output_clashes.run_case(argv, root)
+            changed = output_clashes.snapshot(root) != before
+        lost += changed
+        not_refused += code != 2
+        if changed or code != 2:
+            failures.append(
+                f"{name}: exit {code}, files {'changed' if changed else 'as they were'}: {err.strip()}"[:300]
+            )
+    return {"cases": len(output_clashes.CASES), "data_lost": lost, "not_refused": not_refused, "failures": failures[:5]}
+
+
+def spacings() -> dict:
+    """``lm-rescore nbest --report`` on each format's respaced list, weighted by its first feature (no model): the
+    1-best, rescored and oracle WER of every run must be 0."""
+    cases = wrong = 0
+    failures = []
+    for format in FORMATS:
+        for space_name, space in SPACES.items():
+            if format in NO_TABS and "\t" in space:
+                continue
+            for swap in (False, True):
+                cases += 1
+                with tempfile.TemporaryDirectory() as tmp:
+                    root = Path(tmp)
+                    general = respaced(space, swap)
+                    path = root / FILE_NAMES.get(format, "dump")
+                    write_nbest(as_format(general, format), path, format)
+                    feature = (FEATURES[format] or ("votes",))[0]
+                    record = {"format": "lmserve-weights", "format_version": 2, "features": [feature]}
+                    record |= {"weights": {feature: 1.0}, "metric": "wer", "dev_set": "-", "date": "-", "setup": {}}
+                    (root / "w.json").write_text(json.dumps(record))
+                    argv = ["lm-rescore", "nbest", str(path), "--format", format, "--weights", "w.json"]
+                    argv += ["--out", "o.jsonl", "--report", "r.json", "--quiet", "--no-overlap-check"]
+                    if format in NO_REFERENCES:
+                        argv += ["--references", str(write_references(general, root / "refs.txt"))]
+                    code, err = output_clashes.run_case(argv, root)
+                    report = json.loads((root / "r.json").read_text()) if code == 0 else {}
+                wers = [report.get(system, {}).get("wer") for system in ("1best", "rescored", "oracle")]
+                if code != 0 or wers != [0.0, 0.0, 0.0]:
+                    wrong += 1
+                    failures.append(
+                        f"{format}, {space_name}, swap {swap}: exit {code}, WER {wers}: {err.strip()}"[:300]
+                    )
+    return {"cases": cases, "wrong_wer": wrong, "failures": failures[:5]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fuzz-cases", type=int, default=1000, help="malformed files per format")
@@ -235,6 +314,10 @@ def main() -> None:
     kills = kill_runs(args.kills, args.bundle, random.Random(args.seed))
     validation = validation_times(args.bundle, args.rounds)
     print(f"validation: {validation}", file=sys.stderr)
+    clash = clashes()
+    print(f"output clashes: {clash}", file=sys.stderr)
+    spacing = spacings()
+    print(f"word spacing: {spacing}", file=sys.stderr)
     metrics = {
         "fuzz_cases": min(f["cases"] for f in fuzzing.values()),  # per format, the smallest
         "fuzz_cases_total": sum(f["cases"] for f in fuzzing.values()),
@@ -245,6 +328,11 @@ def main() -> None:
         "kill_partial_outputs": sum(k["partial_outputs"] for k in kills.values()),
         "kill_temporaries_after_next_run": sum(k["temporaries_after_next_run"] for k in kills.values()),
         "validation_error_s": max(v["max_s"] for k, v in validation.items() if k != "messages"),
+        "output_clash_cases": clash["cases"],
+        "output_clash_data_lost": clash["data_lost"],
+        "output_clash_not_refused": clash["not_refused"],
+        "whitespace_cases": spacing["cases"],
+        "whitespace_wrong_wer": spacing["wrong_wer"],
     }
     write_result(
         "rescore_robustness",
@@ -252,6 +340,8 @@ def main() -> None:
         fuzzing=fuzzing,
         kills=kills,
         validation=validation,
+        output_clashes=clash,
+        word_spacing=spacing,
         data={"list": str(DEV_OTHER), "kill_utterances": UTTERANCES, "bundle": str(args.bundle)},
     )
 

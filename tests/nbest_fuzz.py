@@ -121,6 +121,40 @@ def general_lists(draw) -> NBestList:
     return NBestList(entries)
 
 
+SPACES = {
+    "tab": "\t",
+    "two spaces": "  ",
+    "no-break space": "\u00a0",
+    "ideographic space": "\u3000",
+    "mixed": " \t\u00a0",
+}
+NO_TABS = ("fairseq",)  # tab-separated fields: a tab cannot be inside a text
+NO_REFERENCES = ("moses", "srilm")  # their references come from a file (``references=``, ``--references``)
+
+
+def respaced(space: str, swap: bool = False) -> NBestList:
+    """Three entries whose first hypothesis has the words of its reference, separated by ``space`` (``swap``: the
+    reference's are), and is best by every feature; the second hypothesis is a word short. A general list: every
+    format's reader must give a first hypothesis of no word errors (``rescoring.words``)."""
+    entries = []
+    for i in range(3):
+        plain = f"the cat sat on mat{i}"
+        odd = space.join(plain.split())
+        hyp, ref = (plain, odd) if swap else (odd, plain)
+        hyps = [
+            Hypothesis(text, {f"f{f}": -float(rank) for f in range(3)}, rank)
+            for rank, text in enumerate([hyp, f"the cat sat mat{i}"], 1)
+        ]
+        entries.append(NBestEntry(f"u{i}", hyps, [ref]))
+    return NBestList(entries)
+
+
+def write_references(general: NBestList, path: Path) -> Path:
+    """The first reference of each entry, one a line: for the formats that hold none."""
+    path.write_text("".join(entry.references[0] + "\n" for entry in general), encoding="utf-8")
+    return path
+
+
 def seed_files(case: str, root: Path) -> Path:
     """Write the valid list of ``case`` under ``root``; returns the path a reader is given."""
     format = case.split(".")[0]
