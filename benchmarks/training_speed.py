@@ -34,7 +34,7 @@ def training_tokens_per_s(
 
         def run(trainer: Trainer, timed: list) -> None:
             for batch in timed:
-                trainer.step(batch, None)
+                trainer.step([batch], [None], False)  # one micro-batch, no carried state, no stop
 
         for trainer in trainers.values():
             run(trainer, batches[:warmup])

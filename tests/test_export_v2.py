@@ -165,6 +165,21 @@ def test_words_outside_the_vocabulary_are_scored_from_their_spelling(exported, n
             assert got.spelled == want_one.spelled
 
 
+def test_a_sampled_model_exported_exact_scores_words_and_spellings_normalised(exported, tmp_path):
+    run = exported["cnnsoftmax-is"][0]
+    assert main(["export", "--checkpoint", str(run), "--out", str(tmp_path / "exact"), "--exact"]) == 0
+    bundle = Bundle.load(tmp_path / "exact")
+    held = bundle.manifest["heldout"]
+    assert bundle.normalised and held["score_ppl"] == pytest.approx(held["ppl"], rel=1e-4)
+    assert held["open_max_abs_diff"] <= 1e-4
+    scorer = Scorer(bundle, threads=1, open_vocab=True)
+    layers, hidden = bundle.manifest["model"]["layers"], bundle.manifest["model"]["hidden_size"]
+    h, c = (np.zeros((layers, 1, hidden), dtype=np.float32),) * 2
+    table = scorer.next_word_scores(np.array([1]), h, c)[0][0]
+    got = scorer.score(["zzz"])[0].token_logprobs
+    assert got[0] < 0 and np.logaddexp.reduce(table) == pytest.approx(0, abs=1e-4)  # a distribution, spelled or not
+
+
 def test_open_vocab_needs_a_bundle_that_spells(exported):
     with pytest.raises(BundleError, match="open_vocab needs a bundle that spells words .* head is 'dsoftmax'"):
         Scorer(exported["dsoftmax"][1], threads=1, open_vocab=True)

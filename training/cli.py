@@ -89,7 +89,7 @@ def _export(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    manifest = export_bundle(args.checkpoint, args.out, heldout=args.heldout, quantize=args.quantize)
+    manifest = export_bundle(args.checkpoint, args.out, heldout=args.heldout, quantize=args.quantize, exact=args.exact)
     held = manifest["heldout"]
     print(
         f"wrote {args.out}: {manifest['head']} head, {manifest['normalisation']} scores, held-out ppl "
@@ -219,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="bundle directory to write (replaced atomically)")
     ex.add_argument("--heldout", help="text for the manifest's perplexity and log Z figures (default: the run's valid)")
     ex.add_argument("--quantize", choices=("int8",), help="int8 dynamic quantisation of the graphs")
+    ex.add_argument(
+        "--exact",
+        action="store_true",
+        help="normalised graphs (exact log-probabilities) also for a model trained to be served self-normalised "
+        "(a sampled objective or the log Z penalty)",
+    )
     ex.add_argument("--threads", type=int, default=0)
     ex.set_defaults(func=_export)
 

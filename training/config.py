@@ -139,6 +139,9 @@ class ObjectiveConfig:
     target_term: str = "corrected"
     # sampled objectives: the exact NLL behind the training perplexity is computed on every n-th position only
     nll_stride: int = 64
+    # sampled objectives: that estimate on every n-th step only, the steps between counting its value per token; for
+    # heads that compute their output vectors (charcnn, cnnsoftmax) it costs a CNN pass over the whole vocabulary
+    nll_every: int = 1
     # adaptive_importance_sampling: each step moves the proposal this far towards the model's unigram distribution as
     # the step's importance weights estimate it (Bengio & Senecal 2008); 0 = a fixed proposal
     adapt_rate: float = 0.05

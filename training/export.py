@@ -301,16 +301,22 @@ def training_data(ckpt: Path, cfg) -> list[dict]:
 
 
 def export_bundle(
-    checkpoint: str | Path, out: str | Path, *, heldout: str | None = None, quantize: str | None = None
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    heldout: str | None = None,
+    quantize: str | None = None,
+    exact: bool = False,
 ) -> dict:
-    """Write the bundle atomically and return its manifest."""
+    """Write the bundle atomically and return its manifest. ``exact``: normalised graphs whatever the objective (a
+    sampled model's exact probabilities, at the full softmax's cost per token)."""
     if quantize not in (None, "int8"):
         raise ValueError(f"--quantize {quantize!r}: expected int8")
     ckpt = resolve_checkpoint(checkpoint)
     cfg, vocab, model = load_model_for_eval(ckpt)
     model.eval()
     model.head = model.head.frozen()
-    self_normalised = objectives.self_normalised(cfg)  # decided by head and objective together
+    self_normalised = objectives.self_normalised(cfg) and not exact  # decided by head and objective together
     heldout = heldout or expand_data_path(cfg.data.valid)
     subword = checkpoint_subword_model(cfg, ckpt)
     corpus = open_corpus(heldout, "valid", vocab, cfg.data.lowercase, subword)

@@ -30,7 +30,7 @@ from lmserve.training.heads.tree import load_embeddings
 ASSIGNMENT_SEED = 20180201  # the output vectors'; the input embedding's is the next one
 
 
-KMEANS_ITERATIONS = 12
+KMEANS_ITERATIONS = 8
 KMEANS_ROWS = 4096  # points per distance block: bounds the [rows, clusters] distance matrix
 
 
@@ -41,16 +41,17 @@ def kmeans(
 
     Deterministic: the centroids start at the first ``clusters`` points, which for vectors in vocabulary order are the
     most frequent words' (each starts a cluster of its own), and a cluster left empty keeps its centroid."""
-    points = points.double()
-    centroids = points[:clusters].clone()
+    points = points.float()  # distances in float32 (a 50k x 5k product per position and iteration), means in float64
+    centroids = points[:clusters].double()
     labels = torch.zeros(len(points), dtype=torch.long)
     for _ in range(iterations):
-        norms = centroids.pow(2).sum(1)
+        single = centroids.float()
+        norms = single.pow(2).sum(1)
         labels = torch.cat(
-            [(norms - 2 * block @ centroids.T).argmin(1) for block in points.split(KMEANS_ROWS)]
+            [(norms - 2 * block @ single.T).argmin(1) for block in points.split(KMEANS_ROWS)]
         )  # ||x||^2 is the same for every centroid of a point
         counts = torch.bincount(labels, minlength=clusters).double()
-        sums = torch.zeros_like(centroids).index_add_(0, labels, points)
+        sums = torch.zeros_like(centroids).index_add_(0, labels, points.double())
         filled = counts > 0
         centroids[filled] = sums[filled] / counts[filled].unsqueeze(1)
     return centroids.float(), labels

@@ -44,7 +44,11 @@ def build_objective(cfg: ObjectiveConfig):
     if cfg.type not in SAMPLED_TYPES:
         raise ValueError(f"objective.type = {cfg.type!r}, expected one of cross_entropy, {', '.join(SAMPLED_TYPES)}")
     common = dict(
-        noise_power=cfg.noise_power, noise_uniform=cfg.noise_uniform, nll_stride=cfg.nll_stride, selfnorm=selfnorm
+        noise_power=cfg.noise_power,
+        noise_uniform=cfg.noise_uniform,
+        nll_stride=cfg.nll_stride,
+        nll_every=cfg.nll_every,
+        selfnorm=selfnorm,
     )
     if cfg.type == "beta_nce":
         return BetaNCE(cfg.samples, cfg.beta, **common)

@@ -23,7 +23,10 @@ of the target's score s_t and the samples' scores s_j (both already less the hea
   one-sided power divergence (1 - P^(β-1)) / (β - 1), which is NCE at β = 1.
 
 Only words reached through the targets and the samples get gradients; the exact normaliser is computed only for the
-self-normalisation penalty's rows and for the training-perplexity estimate (every ``nll_stride``-th position).
+self-normalisation penalty's rows and for the training-perplexity estimate (every ``nll_stride``-th position, on
+every ``nll_every``-th step, the steps between counting the last estimate per token: a head that computes its output
+vectors, charcnn and cnnsoftmax, runs its CNN over the whole vocabulary for it, which at 50k words costs more than
+the sampled step itself).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class SampledObjective(abc.ABC):
         noise_uniform: float = 0.0,
         nll_stride: int = 64,
         selfnorm: SelfNormPenalty | None = None,
+        nll_every: int = 1,
     ):
         if samples < 1:
             raise ValueError(f"objective.samples = {samples}: expected at least 1 word drawn per step")
@@ -90,7 +94,12 @@ class SampledObjective(abc.ABC):
         self.samples = samples
         self.noise_power = noise_power
         self.noise_uniform = noise_uniform
+        if nll_every < 1:
+            raise ValueError(f"objective.nll_every = {nll_every}: expected >= 1 (1 = every step)")
         self.nll_stride = nll_stride
+        self.nll_every = nll_every
+        self.steps = 0  # calls so far, for nll_every
+        self.per_token: torch.Tensor | None = None  # the last training-NLL estimate per token
         self.selfnorm = selfnorm
         self._noise: Noise | None = None
         self._noise_from: torch.Tensor | None = None
@@ -155,10 +164,14 @@ class SampledObjective(abc.ABC):
             else:
                 _, log_norms = head.target_terms(hidden[rows], targets[rows])
             loss = loss + self.selfnorm(log_norms)
-        if nll is None:
+        self.steps += 1
+        if nll is None and ((self.steps - 1) % self.nll_every or not len(targets)) and self.per_token is not None:
+            nll = self.per_token * len(targets)  # the last estimate per token, for this step's tokens
+        elif nll is None:
             with torch.no_grad():
                 score, log_norms = head.target_terms(hidden[:: self.nll_stride], targets[:: self.nll_stride])
-                nll = (log_norms.sum(-1) - score).sum() * (len(targets) / len(score))
+                self.per_token = (log_norms.sum(-1) - score).mean() if len(score) else torch.zeros(())
+                nll = self.per_token * len(targets)
         return ObjectiveOutput(loss, nll)
 
 
