@@ -250,13 +250,16 @@ def normalisation_name(value: int) -> str | None:
 
 
 def hypothesis_list(entry: NBestEntry) -> pb.HypothesisList:
-    """A list to send."""
-    return pb.HypothesisList(
+    """A list to send; ``rank`` and ``source`` only where the entry has them (an empty source is present on the wire:
+    a source of no words)."""
+    message = pb.HypothesisList(
         id=entry.id,
-        hypotheses=[pb.Hypothesis(text=h.text, features=h.features) for h in entry.hypotheses],
+        hypotheses=[pb.Hypothesis(text=h.text, features=h.features, rank=h.rank) for h in entry.hypotheses],
         references=entry.references,
-        source=entry.source or "",
     )
+    if entry.source is not None:
+        message.source = entry.source
+    return message
 
 
 def ranked_lists(result: pb.Rescored) -> NBestList:

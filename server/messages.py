@@ -64,15 +64,20 @@ def next_word(word: NextWord) -> pb.NextWord:
 
 
 def nbest_entry(message: pb.HypothesisList, where: str) -> NBestEntry:
-    """A received list; every feature must be a finite number (a NaN would silently poison the ranking)."""
+    """A received list; every feature must be a finite number (a NaN would silently poison the ranking), a rank
+    1-based."""
     hypotheses = []
     for k, h in enumerate(message.hypotheses):
         features = dict(h.features)  # (one read of the map: reading it is most of what this function costs)
         if not all(map(math.isfinite, features.values())):
             name, value = next((n, v) for n, v in features.items() if not math.isfinite(v))
             raise ValueError(f"{where}.hypotheses[{k}].features[{name!r}] = {value}: expected a finite number")
-        hypotheses.append(Hypothesis(h.text, features))
-    return NBestEntry(message.id, hypotheses, list(message.references), message.source or None)
+        rank = h.rank if h.HasField("rank") else None  # None: its position (feature rank, original_rank)
+        if rank is not None and rank < 1:
+            raise ValueError(f"{where}.hypotheses[{k}].rank = {rank}: expected a 1-based rank, or none")
+        hypotheses.append(Hypothesis(h.text, features, rank))
+    source = message.source if message.HasField("source") else None  # "" is a source (src_ratio: one word)
+    return NBestEntry(message.id, hypotheses, list(message.references), source)
 
 
 def ranked_list(entry: NBestEntry) -> pb.RankedList:

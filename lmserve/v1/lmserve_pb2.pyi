@@ -65,7 +65,7 @@ class SentenceScore(_message.Message):
     def __init__(self, neural: _Optional[_Union[Score, _Mapping]] = ..., ngram: _Optional[_Union[Score, _Mapping]] = ..., interpolated: _Optional[_Union[Score, _Mapping]] = ..., oov: _Optional[int] = ..., tokens: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Hypothesis(_message.Message):
-    __slots__ = ("text", "features")
+    __slots__ = ("text", "features", "rank")
     class FeaturesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,9 +75,11 @@ class Hypothesis(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     text: str
     features: _containers.ScalarMap[str, float]
-    def __init__(self, text: _Optional[str] = ..., features: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    rank: int
+    def __init__(self, text: _Optional[str] = ..., features: _Optional[_Mapping[str, float]] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class HypothesisList(_message.Message):
     __slots__ = ("id", "hypotheses", "references", "source")
