@@ -26,6 +26,7 @@ from pathlib import Path
 
 PART_BYTES = 15 * 2**20
 META = "meta.json"
+SUBWORD_MODEL = "subword.model"  # a subword run's sentencepiece model (training.subword.MODEL_FILE), packed beside it
 
 
 def pack_text(english: Path, gutenberg: Path, out: Path, mib: float) -> dict:
@@ -95,7 +96,9 @@ def pack_weights(run: Path, out: Path, which: str = "latest") -> dict:
         "state": json.loads((ckpt / "state.json").read_text()),
     }
     (out / META).write_text(json.dumps(meta) + "\n")
-    shutil.copyfile(ckpt / "vocab.tsv", out / "vocab.tsv")
+    for name in ("vocab.tsv", SUBWORD_MODEL):
+        if (ckpt / name).is_file():
+            shutil.copyfile(ckpt / name, out / name)
     return {"checkpoint": ckpt.name, "parts": len(parts)}
 
 
@@ -116,7 +119,9 @@ def unpack(packed: Path, out: Path) -> Path:
     save_file(tensors, str(ckpt / "model.safetensors"))
     (ckpt / "config.json").write_text(json.dumps(meta["config"], indent=2) + "\n")
     (ckpt / "state.json").write_text(json.dumps(meta["state"], indent=2) + "\n")
-    shutil.copyfile(packed / "vocab.tsv", ckpt / "vocab.tsv")
+    for name in ("vocab.tsv", SUBWORD_MODEL):
+        if (packed / name).is_file():
+            shutil.copyfile(packed / name, ckpt / name)
     for pointer in ("latest", "best"):
         (out / "checkpoints" / pointer).write_text(meta["checkpoint"] + "\n")
     return ckpt
