@@ -5,8 +5,8 @@
   configured) or by lm-serve (ScoreNextWordsBatch or one StreamNextWords stream; tokens or cached states; TLS).
 - :mod:`~lmserve.rescoring.decoders.pyctcdecode_lm`: a pyctcdecode language model, and a decoder whose beam steps
   are one LM call each (``build_ctcdecoder``, as users build KenLM decoders today).
-- :mod:`~lmserve.rescoring.decoders.flashlight_lm`: a flashlight-text LM (``start``/``score``/``finish``; torchaudio's
-  ``CTCDecoderLM`` where the installed torchaudio ships it) and a lexicon decoder built on it.
+- :mod:`~lmserve.rescoring.decoders.flashlight_lm`: a flashlight-text LM (``start``/``score``/``finish``, which
+  torchaudio's ``ctc_decoder`` also takes) and a lexicon decoder built on it.
 
 What happens at a word boundary. The LMs are word-level (a word bundle, or a subword bundle that scores whole words
 as the sums of their pieces), while decoders spell words in characters or subword pieces. An adapter scores a word

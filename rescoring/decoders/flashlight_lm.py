@@ -1,11 +1,14 @@
 """flashlight-text's CTC decoders with lmserve's LMs: an LM of flashlight's Python interface (``start``, ``score``,
-``finish``), which is torchaudio's ``CTCDecoderLM`` where the installed torchaudio still ships its decoder (pass it
-as ``ctc_decoder(..., lm=LMServeFlashlightLM(...))``) and flashlight-text's ``LM`` otherwise; and a lexicon decoder
-built on flashlight-text directly, for installs without torchaudio.
+``finish``) and a lexicon decoder built on flashlight-text directly.
 
     lm = LMServeFlashlightLM(DecoderLM.local("var/bundles/english_lm"), words)   # words: the LM index -> word
     decoder = lexicon_decoder(tokens, lexicon, lm, beam_size=32, lm_weight=0.5)
     best = decoder.decode(log_probs)[0]                                           # .words, .score, .lm_score
+
+The class derives from flashlight-text's ``LM``, never from torchaudio's ``CTCDecoderLM``: this package stays
+torch-free (DESIGN.md), and torchaudio's class is a thin subclass of the same ``LM`` whose ``ctc_decoder`` hands the
+LM to flashlight unchanged, so ``ctc_decoder(..., lm=LMServeFlashlightLM(...))`` takes it where torchaudio still
+ships its decoder.
 
 Scores are natural logs (flashlight's KenLM gives log10: an ``lm_weight`` tuned for KenLM is ln 10 times too big
 here). flashlight calls the LM once per (hypothesis, word) from its C++ search, with no hook to batch a step: the
@@ -24,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from flashlight.lib.text.decoder import LM as _LM
 from flashlight.lib.text.decoder import (
     CriterionType,
     LexiconDecoder,
@@ -31,19 +35,9 @@ from flashlight.lib.text.decoder import (
     SmearingMode,
     Trie,
 )
+from flashlight.lib.text.decoder import LMState as _LMState
 
 from lmserve.rescoring.decoders.lm import DecoderLM, LMState
-
-try:  # torchaudio's base class where torchaudio ships the decoder (it is flashlight's LM underneath)
-    from torchaudio.models.decoder import CTCDecoderLM as _LM
-    from torchaudio.models.decoder import CTCDecoderLMState as _LMState
-
-    TORCHAUDIO = True
-except Exception:  # no torchaudio, one without its decoder (2.9+), or one that does not load with this torch
-    from flashlight.lib.text.decoder import LM as _LM
-    from flashlight.lib.text.decoder import LMState as _LMState
-
-    TORCHAUDIO = False
 
 END = -1  # the child index of the state after </s>
 
