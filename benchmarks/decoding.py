@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import DATA_DIR, ROOT
+from lmserve.rescoring.bundle import Bundle
 from lmserve.rescoring.nbest import read_nbest
+from lmserve.rescoring.textnorm import PRESETS
 
 BUNDLE = ROOT / "var" / "bundles" / "english_lm"
 NGRAM = ROOT / "var" / "ngrams" / "english_4gram.bin"
@@ -32,6 +34,17 @@ def references(split: str, limit: int | None = None, seed: int = 0) -> list[str]
     texts = [" ".join(e.references[0].split()) for e in nbest.entries if e.references]
     order = np.random.default_rng(seed).permutation(len(texts))
     return [texts[i] for i in order[:limit]]
+
+
+def walk_inputs(args) -> tuple[str | None, list[str], list[str], Path | None]:
+    """What the step benchmarks walk: the normalisation preset (None: the bundle's own), the sentences in the LM's
+    form (``--texts``, else 500 dev_other references), the bundle's words, and the n-gram when it exists."""
+    normalize = args.normalize or None
+    texts = args.texts.read_text().splitlines() if args.texts else references("dev_other", 500)
+    view = PRESETS[normalize or "none"]
+    vocab = [t for t in Bundle.load(args.bundle).tokens if not t.startswith("<")]
+    ngram = args.ngram if args.ngram and args.ngram.exists() else None
+    return normalize, [view.normalize(t) for t in texts], vocab, ngram
 
 
 def serve_config(

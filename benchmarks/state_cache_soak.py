@@ -32,9 +32,7 @@ import grpc
 
 from benchmarks.beam_step_load import Walk, first_states, request
 from benchmarks.common import write_result
-from benchmarks.decoding import BUNDLE, LAMBDA, NGRAM, NORMALIZE, percentiles, references, rss_mb, serve_config
-from lmserve.rescoring.bundle import Bundle
-from lmserve.rescoring.textnorm import PRESETS
+from benchmarks.decoding import BUNDLE, LAMBDA, NGRAM, NORMALIZE, percentiles, rss_mb, serve_config, walk_inputs
 from lmserve.server.process import ServerProcess
 from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
 
@@ -106,12 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--texts", type=Path, help="(tests) sentences to walk instead of LibriSpeech's")
     parser.add_argument("--no-write", action="store_true", help="print the result, write no file (tests)")
     args = parser.parse_args(argv)
-    normalize = args.normalize or None
-    texts = args.texts.read_text().splitlines() if args.texts else references("dev_other", 500)
-    view = PRESETS[normalize] if normalize else PRESETS["none"]
-    sentences = [view.normalize(t) for t in texts]
-    vocab = [t for t in Bundle.load(args.bundle).tokens if not t.startswith("<")]
-    ngram = args.ngram if args.ngram and args.ngram.exists() else None
+    normalize, sentences, vocab, ngram = walk_inputs(args)
     walks = [Walk(sentences, vocab, args.beam, 1, i, cache=True) for i in range(args.decoders)]
     with tempfile.TemporaryDirectory() as tmp:
         config = serve_config(
