@@ -37,6 +37,7 @@ import numpy as np
 
 from benchmarks.common import write_result
 from benchmarks.decoding import BUNDLE, LAMBDA, NGRAM, NORMALIZE, cpu_seconds, percentiles, serve_config, walk_inputs
+from lmserve.rescoring.client import next_words_batch_request
 from lmserve.server.process import ServerProcess
 from lmserve.v1 import lmserve_pb2 as pb
 from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
@@ -80,14 +81,7 @@ class Walk:
 
 
 def request(walk: Walk, items, release=()) -> pb.ScoreNextWordsBatchRequest:
-    message = pb.ScoreNextWordsBatchRequest(model=MODEL, cache_states=walk.cache, release_state_ids=release)
-    for state, words in items:
-        item = message.items.add(candidates=words)
-        if isinstance(state, str):
-            item.state_id = state
-        else:
-            item.state = state
-    return message
+    return next_words_batch_request(items, MODEL, cache_states=walk.cache, release=release)
 
 
 def first_states(response) -> list:
