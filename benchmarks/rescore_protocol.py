@@ -270,24 +270,22 @@ def _stats(data: TuningSet, chosen: np.ndarray) -> np.ndarray:
     return np.stack([data.stats[i][k] for i, k in enumerate(chosen)])
 
 
-def _baselines(nbest, data: TuningSet) -> dict[str, np.ndarray]:
+def _baselines(nbest, data: TuningSet) -> tuple[dict[str, np.ndarray], str | None]:
     """The choices rescoring is compared with: the first pass, and for lists of systems the best single system
-    (highest corpus metric over the whole list, as if picked with the references)."""
+    (highest corpus metric over the whole list, as if picked with the references), with that system's name."""
     choices = {"1best": np.zeros(len(data), dtype=np.int64)}
     systems = system_names(nbest)
-    if systems:
-        by_system = {s: system_choice(nbest, s) for s in systems}
-        best = max(systems, key=lambda s: data.score(by_system[s]) * (1 if data.metric == "bleu" else -1))
-        choices["best_system"] = by_system[best]
-        choices["best_system_name"] = best
-    return choices
+    if not systems:
+        return choices, None
+    sign = 1 if metrics.HIGHER_IS_BETTER[data.metric] else -1
+    by_system = {s: system_choice(nbest, s) for s in systems}
+    best = max(systems, key=lambda s: sign * data.score(by_system[s]))
+    return {**choices, "best_system": by_system[best]}, best
 
 
-def _figures(nbest, data: TuningSet, chosen: np.ndarray, prefix: str = "") -> tuple[dict, dict]:
-    """Corpus figures of ``chosen`` beside the baselines, with paired bootstraps (and chrF for MT)."""
+def _figures(nbest, data: TuningSet, chosen: np.ndarray, base: dict, best_name: str | None) -> tuple[dict, dict]:
+    """Corpus figures of ``chosen`` beside the baselines (``_baselines``), with paired bootstraps (and chrF for MT)."""
     m = data.metric
-    base = _baselines(nbest, data)
-    best_name = base.pop("best_system_name", None)
     figures = {f"{m}_1best": data.score(base["1best"]), f"{m}_rescored": data.score(chosen)}
     signature = metrics.WER_SIGNATURE
     details: dict = {"changed_choices": int(np.count_nonzero(chosen))}
@@ -313,7 +311,7 @@ def _figures(nbest, data: TuningSet, chosen: np.ndarray, prefix: str = "") -> tu
         )
         for k, c in base.items()
     }
-    return {prefix + k: v for k, v in figures.items()}, details
+    return figures, details
 
 
 def leakage(lists: dict, texts: list[Path], normalizer) -> dict[str, dict]:
@@ -351,18 +349,18 @@ def kfold(nbest, scores, setup: Setup, metric: str, k: int, fixed: str, search: 
     """K-fold CV over contiguous entries of one set: every entry chosen by weights tuned without its fold."""
     data = tuning_set(nbest, setup, scores, metric)
     cv = cross_validate(data, k=k, fixed=fixed, contiguous=True, **_bounded(search, setup))
-    figures, details = _figures(nbest, data, cv.chosen)
-    base = _baselines(nbest, data)
-    better = (lambda a, b: a > b) if metric == "bleu" else (lambda a, b: a < b)
+    base, best_name = _baselines(nbest, data)
+    figures, details = _figures(nbest, data, cv.chosen, base, best_name)
+    sign = 1 if metrics.HIGHER_IS_BETTER[metric] else -1
     per_fold = []
     for j, fold in enumerate(fold_indices(len(data), k, contiguous=True)):
         part = data.subset(fold, f"{data.name}[fold {j}]")
         row = {"entries": len(fold), "rescored": part.score(cv.chosen[fold])}
-        row.update({name: part.score(c[fold]) for name, c in base.items() if name != "best_system_name"})
+        row.update({name: part.score(c[fold]) for name, c in base.items()})
         row["weights"] = cv.folds[j].weights
         per_fold.append(row)
     figures["folds"] = k
-    figures["folds_improved"] = sum(better(r["rescored"], r["1best"]) for r in per_fold)
+    figures["folds_improved"] = sum(sign * (r["rescored"] - r["1best"]) > 0 for r in per_fold)
     if "best_system" in base:
         figures["folds_beating_best"] = sum(r["rescored"] >= r["best_system"] for r in per_fold)
     details.update({"features": list(setup.features), "definitions": setup.definitions, "fixed": fixed})
@@ -377,7 +375,9 @@ def transfer(train, train_scores, test, test_scores, setup: Setup, metric: str, 
     data = _pooled([tuning_set(n, setup, s, metric) for n, s in zip(trains, train_scores, strict=True)])
     result = tune_weights(data, fixed=fixed, **_bounded(search, setup))
     test_data = tuning_set(test, setup, test_scores, metric)
-    figures, details = _figures(test, test_data, reranked_choice(test_data, result.weights))
+    figures, details = _figures(
+        test, test_data, reranked_choice(test_data, result.weights), *_baselines(test, test_data)
+    )
     details["report"] = details["bootstrap"]["rescored_vs_1best"]
     details.update({"tuned_on": data.name, "tune_before": result.baseline_metric, "tune_after": result.dev_metric})
     details.update({"weights": result.weights, "features": list(setup.features), "definitions": setup.definitions})
