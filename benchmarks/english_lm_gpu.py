@@ -40,7 +40,7 @@ def pack_text(english: Path, gutenberg: Path, out: Path, mib: float) -> dict:
     (out / "english.train.txt.xz").write_bytes(packed)
     left = budget - len(packed) - sum((out / f"{s}.txt.gz").stat().st_size for s in ("valid", "test"))
     # xz packs this text at about 1.26 bytes a word: take lines until the compressed size would pass the budget
-    lines, words, size = [], 0, 0
+    lines = words = size = 0
     compressor = lzma.LZMACompressor(preset=6)
     chunks = []
     with gzip.open(gutenberg / "train.txt.gz", "rt", encoding="utf-8") as f:
@@ -48,14 +48,14 @@ def pack_text(english: Path, gutenberg: Path, out: Path, mib: float) -> dict:
             chunks.append(compressor.compress(line.encode("utf-8")))
             size += len(chunks[-1])
             words += len(line.split())
-            lines.append(line)
+            lines += 1
             if size > left - 2**20:  # the flush below adds what the compressor still holds
                 break
     chunks.append(compressor.flush())
     (out / "gutenberg.train.txt.xz").write_bytes(b"".join(chunks))
     summary = {
         "english_words": len(data.split()),
-        "gutenberg_lines": len(lines),
+        "gutenberg_lines": lines,
         "gutenberg_words": words,
         "bytes": sum(p.stat().st_size for p in out.iterdir()),
     }
