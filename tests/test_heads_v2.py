@@ -16,7 +16,9 @@ from lmserve.training.heads import (
     FullSoftmax,
     SlimSoftmax,
     Speller,
+    dsoftmax,
 )
+from lmserve.training.heads.base import LinearHead
 from lmserve.training.heads.charcnn import PAD, char_inventory, spell
 from lmserve.training.heads.slim import kmeans
 
@@ -61,6 +63,31 @@ def test_dsoftmax_samples_get_gradients_only_in_their_band():
     grads = [w.grad for w in head.weights]
     assert grads[0][[1, 2]].abs().sum() > 0 and grads[0][[0, 3, 4]].abs().sum() == 0
     assert grads[1][1].abs().sum() > 0 and grads[2][[5, 10, 39]].abs().sum() > 0
+
+
+@pytest.mark.parametrize("layout, widths", [("disjoint", [6, 4, 2]), ("nested", [12, 5, 2])])
+@pytest.mark.parametrize("chunk_floats", [1 << 22, 7 * V])
+def test_dsoftmax_training_terms_and_gradients_are_the_full_logits(layout, widths, chunk_floats, monkeypatch):
+    """The chunked banded terms (one chunk, and 7-row chunks with a short last one) give the values and gradients of
+    the plain path: the ``[N, V]`` scores, their gather and logsumexp."""
+    monkeypatch.setattr(dsoftmax, "CPU_CHUNK_FLOATS", chunk_floats)
+    torch.manual_seed(3)
+    head = DSoftmax(D, V, [8, 20], widths, layout, log_z=1.0, learn_log_z=True)
+    with torch.no_grad():
+        head.log_z_offset.fill_(0.3)
+    hidden = torch.randn(N, D, requires_grad=True)
+    targets = torch.randint(0, V, (N,))
+    targets[:3] = torch.tensor([0, 8, V - 1])  # the bands' edges
+    weights = torch.randn(N), torch.randn(N)  # any loss of the two terms
+    results = []
+    for terms in (head.target_terms, lambda h, t: LinearHead.target_terms(head, h, t)):
+        head.zero_grad()
+        hidden.grad = None
+        score, log_norms = terms(hidden, targets)
+        ((score * weights[0]).sum() + (log_norms.squeeze(1) * weights[1]).sum()).backward()
+        results.append([score, log_norms, hidden.grad, *(p.grad for p in head.parameters())])
+    for fused, plain in zip(*results, strict=True):
+        torch.testing.assert_close(fused, plain)
 
 
 @pytest.mark.parametrize(
