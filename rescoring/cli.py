@@ -17,7 +17,7 @@ from typing import BinaryIO
 from lmserve.rescoring import rescore_cli
 from lmserve.rescoring.atomic import atomic_write_lines
 from lmserve.rescoring.bundle import Bundle
-from lmserve.rescoring.command import add_common_arguments, parse_args, run_command
+from lmserve.rescoring.command import add_common_arguments, add_device_argument, parse_args, run_command
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.nbest import FORMATS, read_nbest
 from lmserve.rescoring.ngram import LN10, NgramError, build_ngram, model_files
@@ -72,6 +72,7 @@ def _score(args) -> int:
     scorer = Scorer(
         args.lm,
         threads=args.threads,
+        device=args.device,
         normalizer=PRESETS[args.normalize] if args.normalize else None,
         open_vocab=args.open_vocab,
     )
@@ -223,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", choices=SCORE_FORMATS, default="text", help="text or jsonl, laid out as lm-serve client score's"
     )
     score.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    add_device_argument(score)
     score.add_argument(
         "--normalize",
         choices=sorted(PRESETS),

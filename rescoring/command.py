@@ -42,6 +42,26 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help=f"show tracebacks (also: {DEBUG_ENV}=1)")
 
 
+def add_device_argument(parser: argparse.ArgumentParser, default: str | None = "cpu", where: str = "") -> None:
+    """``--device cpu|cuda``, where a command's neural scorer runs (``rescoring.scorer``): checked as it is parsed,
+    so that a CUDA device this onnxruntime cannot give fails before any list is read or model loaded."""
+    from lmserve.rescoring.scorer import DEVICES, DeviceError, check_device
+
+    def device(text: str) -> str:
+        try:
+            return check_device(text)
+        except DeviceError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parser.add_argument(
+        "--device",
+        type=device,
+        default=default,
+        metavar="{" + ",".join(DEVICES) + "}",
+        help=f"where the neural LM runs (default: {where or default}); cuda needs onnxruntime-gpu: lmserve[gpu]",
+    )
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
     """``parser.parse_args``, then the subcommand's ``conflicts(args)`` (given with ``set_defaults``): a message when
     options cannot be honoured together, refused as argparse refuses a bad value (exit 2), before anything is read.

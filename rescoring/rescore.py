@@ -48,15 +48,20 @@ class LanguageModels:
         normalize: str | None = None,
         threads: int = 0,
         open_vocab: bool = False,
+        device: str = "cpu",
     ) -> LanguageModels:
         """``normalize``: a preset of ``rescoring.textnorm.PRESETS``; by default the bundle's own text settings.
-        ``open_vocab``: the bundle scores unknown words from their spelling (``Scorer``)."""
+        ``open_vocab``: the bundle scores unknown words from their spelling; ``device``: where it runs (``Scorer``)."""
         if normalize is not None and normalize not in PRESETS:
             raise ValueError(f"unknown text normalisation {normalize!r}; expected one of {sorted(PRESETS)}")
         scorer = None
         if lm is not None:
             scorer = Scorer(
-                lm, threads=threads, normalizer=PRESETS[normalize] if normalize else None, open_vocab=open_vocab
+                lm,
+                threads=threads,
+                device=device,
+                normalizer=PRESETS[normalize] if normalize else None,
+                open_vocab=open_vocab,
             )
         normalizer = scorer.normalizer if scorer is not None else PRESETS[normalize or "none"]
         return cls(

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from lmserve.rescoring import overlap
 from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.rescoring.command import add_device_argument
 from lmserve.rescoring.features import check_features
 from lmserve.rescoring.fingerprints import check_fingerprints
 from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint, write_cache
@@ -215,6 +216,7 @@ def _list_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache", type=Path, help="LM score cache (JSONL); default: LIST_NAME.lmscores.jsonl beside --out"
     )
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    add_device_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--feature-default",
@@ -237,6 +239,8 @@ def _list_conflicts(args) -> str | None:
         return f"--format {args.format} with --systems: --systems reads plain files, one per system"
     if args.source and not args.systems:
         return f"--source {args.source} without --systems: a list in a format carries its own source"
+    if args.server and args.device != "cpu":
+        return f"--device {args.device} with --server: the server's config (server.device) says where its models run"
     return None
 
 
@@ -316,6 +320,7 @@ def _language_models(args, saved: dict, weights: Path | None = None, setup: Setu
                 args.ngram or saved.get("ngram"),
                 args.normalize or saved.get("normalize"),
                 args.threads,
+                device=args.device,
             )
         except (ValueError, OSError, NgramError) as e:
             if weights is None or (args.lm and args.ngram):

@@ -22,6 +22,12 @@ each sentence that has one goes through the ``sentences_open`` graph whole, with
 An open-vocabulary bundle (format 3) scores sentencepiece pieces; both ways spell each word into its pieces
 (``rescoring.subword``), run the pieces as above, and give back per-word scores, a word's being the sum of its
 pieces'. The tokens of ``encode``, ``score_ids`` and the decoder steps are then pieces.
+
+``device`` says where the graphs run: "cpu" (the default) or "cuda" (onnxruntime-gpu's CUDA provider,
+``pip install 'lmserve[gpu]'``; its scores are within 1e-4 of the CPU's, tests/test_scorer_gpu.py). It is chosen,
+never guessed: a scorer asked for CUDA that cannot have it fails when it is made (:class:`DeviceError`) instead of
+scoring on the CPU at a fraction of the speed the caller planned for, and a machine with onnxruntime-gpu still
+scores on the CPU unless asked.
 """
 
 from __future__ import annotations
@@ -73,10 +79,29 @@ class ScoringStats:
     calls: int = 0
 
 
-def default_providers() -> list[str]:
-    """CUDA when onnxruntime-gpu and a GPU are there, else the CPU."""
+DEVICES = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+GPU_FIX = "pip uninstall -y onnxruntime && pip install 'lmserve[gpu]' (onnxruntime-gpu replaces onnxruntime)"
+
+
+class DeviceError(ValueError):
+    """The device a scorer was asked for cannot run it; the message names the device, the onnxruntime installed and
+    what to do."""
+
+
+def check_device(device: str) -> str:
+    """``device`` if this onnxruntime can run graphs there, else :class:`DeviceError` (before any bundle is read).
+    The CPU build of onnxruntime lists no CUDA provider at all; with onnxruntime-gpu the provider is listed whether
+    or not a GPU and its libraries are there, which only a session shows (``Scorer._session``)."""
+    if device not in DEVICES:
+        raise DeviceError(f"device {device!r}: expected one of {list(DEVICES)}")
     available = ort.get_available_providers()
-    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+    missing = [p for p in DEVICES[device] if p not in available]
+    if missing:
+        raise DeviceError(
+            f"device {device!r} needs onnxruntime's {missing[0]}, but the installed onnxruntime {ort.__version__} "
+            f"has only {', '.join(available)}; for GPU scoring: {GPU_FIX}"
+        )
+    return device
 
 
 def default_batch_tokens(bundle: Bundle) -> int:
@@ -101,7 +126,7 @@ class Scorer:
         bundle: str | Path | Bundle,
         *,
         threads: int = 0,
-        providers: Sequence[str] | None = None,
+        device: str = "cpu",
         max_batch_tokens: int = 0,
         normalizer: TextNormalizer | None = None,
         open_vocab: bool = False,
@@ -109,7 +134,8 @@ class Scorer:
         """``normalizer`` turns text into the tokens the model was trained on; by default the bundle's own ``text``
         settings (what its training text looked like). Pass one (e.g. ``PRESETS["ptb"]``) to score text from
         another source, such as ASR hypotheses for a PTB model. ``open_vocab``: score unknown words from their
-        spelling (a bundle with ``spelling`` only)."""
+        spelling (a bundle with ``spelling`` only). ``device``: "cpu" or "cuda" (module docstring)."""
+        self.device = check_device(device)
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
         self.index = {token: i for i, token in enumerate(self.bundle.tokens)}  # tokens: words, or subword pieces
@@ -128,7 +154,7 @@ class Scorer:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or (os.cpu_count() or 1)
         options.inter_op_num_threads = 1
-        self.providers = list(providers or default_providers())
+        self.providers = list(DEVICES[device])
         self.sessions = {name: self._session(name, options) for name in ("sentences", "step", "step_full")}
         self.open_vocab = open_vocab
         if open_vocab:
@@ -143,9 +169,17 @@ class Scorer:
         too) is a BundleError naming the file, not onnxruntime's own exception."""
         path = self.bundle.graph_path(name)
         try:
-            return ort.InferenceSession(str(path), options, providers=self.providers)
+            session = ort.InferenceSession(str(path), options, providers=self.providers)
         except Exception as e:  # onnxruntime's InvalidProtobuf, Fail, ...: no common base class but Exception
             raise BundleError(f"{path}: ONNX Runtime cannot load the {name!r} graph: {type(e).__name__}: {e}") from e
+        if session.get_providers()[0] != self.providers[0]:  # onnxruntime-gpu without a GPU or its CUDA libraries
+            raise DeviceError(
+                f"device {self.device!r}: onnxruntime {ort.__version__} lists {self.providers[0]} but could not start "
+                f"it for {path} (the session fell back to {', '.join(session.get_providers())}; onnxruntime's "
+                "warning above says which library failed): check that nvidia-smi sees a GPU and that the CUDA and "
+                "cuDNN versions this onnxruntime-gpu was built for are installed, or use device 'cpu'"
+            )
+        return session
 
     def _open_spelling(self, options: ort.SessionOptions) -> None:
         where = self.bundle.path / "manifest.json"
@@ -316,18 +350,45 @@ class Scorer:
         return np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)
 
     def next_word_scores(
-        self, prev_ids: np.ndarray, h: np.ndarray, c: np.ndarray, candidates: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self,
+        prev_ids: np.ndarray,
+        h: np.ndarray | ort.OrtValue,
+        c: np.ndarray | ort.OrtValue,
+        candidates: np.ndarray | None = None,
+        *,
+        device_states: bool = False,
+    ):
         """One run of the ``step`` graph (``step_full`` without ``candidates``): read ``prev_ids`` [B] from the state
         ``h``, ``c`` [L, B, H] and score the next word: ``candidates`` [B, K] -> [B, K], or the whole vocabulary
-        [B, V]. Returns the scores and the state after ``prev_ids``, which every candidate continues from."""
+        [B, V]. Returns the scores and the state after ``prev_ids``, which every candidate continues from.
+
+        The run is IO-bound (onnxruntime's IOBinding): its outputs are made on the scorer's device, and ``h``, ``c``
+        may be numpy arrays or OrtValues already there. The scores always come back as numpy (callers rank them in
+        Python). The states come back as numpy too, copied from the device here, unless ``device_states``: then as
+        the OrtValues on the device, for a caller whose next step reads the same rows in the same order (a beam
+        that goes on from each hypothesis' own output state) and so needs no copy either way. The copy stays the
+        default because every other caller picks rows out of the states (prefix trees, the server's batches of
+        states of many decoders: numpy indexing, which OrtValues do not have) or sends them away as bytes (the
+        gRPC state token, ``rescoring.decoder_state``). On the CPU the "copy" is a view of onnxruntime's buffer."""
         inputs = {"prev_ids": np.asarray(prev_ids, dtype=np.int64), "h": h, "c": c}
         if candidates is not None:
             inputs["candidates"] = np.asarray(candidates, dtype=np.int64)
-        logprobs, h_out, c_out = self.sessions["step" if candidates is not None else "step_full"].run(None, inputs)
+        session = self.sessions["step" if candidates is not None else "step_full"]
+        binding = session.io_binding()
+        for name, value in inputs.items():
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:  # onnxruntime copies it to the device (none to copy on the CPU)
+                binding.bind_cpu_input(name, value)
+        for output in session.get_outputs():
+            binding.bind_output(output.name, self.device)
+        session.run_with_iobinding(binding)
+        logprobs, h_out, c_out = binding.get_outputs()
         self.stats.lstm_steps += len(inputs["prev_ids"])
         self.stats.calls += 1
-        return logprobs, h_out, c_out
+        if device_states:
+            return logprobs.numpy(), h_out, c_out
+        return logprobs.numpy(), h_out.numpy(), c_out.numpy()
 
     def score_continuations(
         self, prev_id: int, h: np.ndarray, c: np.ndarray, sequences: Sequence[Sequence[int]]

@@ -68,7 +68,7 @@ class Reloader:
             current = self.servicer.models
             try:
                 config = await asyncio.to_thread(load_config, self.config_path)
-                models = await asyncio.to_thread(ModelSet.load, config, current.generation + 1)
+                models = await asyncio.to_thread(ModelSet.load, config, current.generation + 1, current.device)
             except Exception as e:  # whatever broke, the models being served are fine
                 if self.metrics:
                     self.metrics.reloads.labels("failed").inc()

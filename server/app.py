@@ -211,10 +211,18 @@ def server_credentials(tls: Tls) -> grpc.ServerCredentials:
     )
 
 
-async def serve(config: Config, host: str | None = None, port: int | None = None, metrics_port: int | None = None):
+async def serve(
+    config: Config,
+    host: str | None = None,
+    port: int | None = None,
+    metrics_port: int | None = None,
+    device: str | None = None,
+):
     """Load the models, listen, serve until SIGTERM or SIGINT."""
     if metrics_port is not None:
         config.server.metrics_port = metrics_port
+    if device is not None:
+        config.server.device = device
     server = LMServer(config, ModelSet.load(config))  # no other reference: a reload must be able to free them
     await server.start(host, port)
     await server.serve_until_signal()

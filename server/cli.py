@@ -22,7 +22,7 @@ from google.protobuf.json_format import MessageToDict
 
 from lmserve.rescoring.cli import read_lines
 from lmserve.rescoring.client import DEFAULT_TARGET, LMServeClient, normalisation_name, ranked_lists
-from lmserve.rescoring.command import add_common_arguments, parse_args, run_command
+from lmserve.rescoring.command import add_common_arguments, add_device_argument, parse_args, run_command
 from lmserve.rescoring.nbest import FOLDER_FORMATS, FORMATS, MAX_WORDS, read_nbest, write_nbest
 from lmserve.rescoring.nbest.checks import parse_defaults
 from lmserve.rescoring.ngram import NgramError
@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default: the config's, else 50051; 0 = any free port)")
     serve.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (0 = any free port, -1 = off)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_device_argument(serve, default=None, where="the config's server.device, else cpu")
     serve.add_argument(
         "--replicas",
         type=int,
@@ -131,7 +132,9 @@ def _serve(args) -> int:
         from lmserve.server.replicas import serve_replicas
 
         config = load_config(args.config)
-        return serve_replicas(config, args.replicas, args.host, args.port, args.metrics_port, args.log_level)
+        return serve_replicas(
+            config, args.replicas, args.host, args.port, args.metrics_port, args.log_level, args.device
+        )
     asyncio.run(_serve_async(args))
     # stopped cleanly: a repeated SIGTERM (service managers may send more than one) must not turn exit 0 into a kill
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -142,7 +145,7 @@ def _serve(args) -> int:
 async def _serve_async(args) -> None:
     from lmserve.server.app import serve  # grpc.aio and the models load only for this command
 
-    await serve(load_config(args.config), args.host, args.port, args.metrics_port)
+    await serve(load_config(args.config), args.host, args.port, args.metrics_port, args.device)
 
 
 def _client(args) -> LMServeClient:

@@ -7,6 +7,8 @@
     engine = "threads"            # where they run: "threads" of the server process, or "processes" of their own (a
                                   # copy of the models each; no GIL shared with the gRPC side: more lists/s, more RAM)
     scorer_threads = 1            # ONNX Runtime intra-op threads per model
+    device = "cpu"                # where the neural LMs run: "cpu" or "cuda" (onnxruntime-gpu: lmserve[gpu]); the
+                                  # command line's --device wins
     default_model = "librispeech" # for requests that name no model; default: the first model below
     max_concurrent_calls = 64     # calls beyond this are refused with RESOURCE_EXHAUSTED
     grace_seconds = 5.0           # on SIGTERM/SIGINT, how long in-flight calls may take to finish
@@ -59,6 +61,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from lmserve.rescoring.nbest.checks import MAX_WORDS
+from lmserve.rescoring.scorer import DEVICES
 
 ENGINES = ("threads", "processes")  # server.engine
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
@@ -86,6 +89,7 @@ class ServerSettings:
     workers: int = 2
     engine: str = "threads"
     scorer_threads: int = 1
+    device: str = "cpu"
     default_model: str = ""
     max_concurrent_calls: int = 64
     grace_seconds: float = 5.0
@@ -166,6 +170,8 @@ def load_config(path: str | Path) -> Config:
     for name, least in (("workers", 1), ("scorer_threads", 1), ("max_concurrent_calls", 1), ("port", 0)):
         if getattr(server, name) < least:
             raise ConfigError(f"{path}: server.{name} = {getattr(server, name)}: expected at least {least}")
+    if server.device not in DEVICES:
+        raise ConfigError(f"{path}: server.device = {server.device!r}: expected one of {list(DEVICES)}")
     if server.engine not in ENGINES:
         raise ConfigError(f"{path}: server.engine = {server.engine!r}: expected one of {list(ENGINES)}")
     if server.metrics_port < -1:

@@ -7,11 +7,11 @@ each scoring worker is a process with its own GIL and its own copy of the models
 with the gRPC side (plus the cheap, latency-bound work: next-word steps, reranking, answers).
 
 How a model gets there: a :class:`~server.models.ServedModel` pickles as a reference (name, config, threads,
-generation), and a worker resolves it to its own copy (:func:`resolve`), loading it the first time a generation of
-that model reaches it. The workers load the served models when they start (before the port opens); after a hot
-reload, each loads the new generation when its first batch of it arrives and drops the old one (measured in the
-10-minute soak with two reloads: RSS of the server and its workers +1.1%). A worker that dies (killed, out of memory)
-fails the batches it held; the next batch starts a fresh set of workers.
+generation, device), and a worker resolves it to its own copy (:func:`resolve`), loading it the first time a
+generation of that model reaches it. The workers load the served models when they start (before the port opens);
+after a hot reload, each loads the new generation when its first batch of it arrives and drops the old one (measured
+in the 10-minute soak with two reloads: RSS of the server and its workers +1.1%). A worker that dies (killed, out of
+memory) fails the batches it held; the next batch starts a fresh set of workers.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ START_TIMEOUT = 600.0  # seconds for all workers to load the models
 _copies: dict[tuple[int, str], object] = {}  # in a worker: (generation, name) -> its own ServedModel
 
 
-def resolve(name: str, config, threads: int, generation: int):
+def resolve(name: str, config, threads: int, generation: int, device: str = "cpu"):
     """In a worker: its copy of model ``name`` of ``generation`` (the unpickling end of ``ServedModel``).
 
     A worker keeps the newest generation it has seen. Loading a newer one drops the older (and hands their pages back
@@ -47,7 +47,7 @@ def resolve(name: str, config, threads: int, generation: int):
     if model is not None:
         return model
     newest = max((g for g, _ in _copies), default=generation)
-    model = ServedModel.load(name, config, threads, generation)
+    model = ServedModel.load(name, config, threads, generation, device)
     if generation >= newest:
         _copies[key] = model
         old = [k for k in _copies if k[0] < generation]

@@ -35,16 +35,20 @@ class ServedModel:
     profiles: dict[str, Profile]
     threads: int  # ONNX Runtime intra-op threads
     generation: int  # of the ModelSet that loaded it
+    device: str = "cpu"  # where its neural LM runs (``Scorer``)
 
     @classmethod
-    def load(cls, name: str, config: ModelConfig, threads: int, generation: int = 1) -> ServedModel:
-        lms = LanguageModels.load(config.bundle, config.ngram, config.normalize, threads, config.open_vocab)
+    def load(
+        cls, name: str, config: ModelConfig, threads: int, generation: int = 1, device: str = "cpu"
+    ) -> ServedModel:
+        lms = LanguageModels.load(config.bundle, config.ngram, config.normalize, threads, config.open_vocab, device)
         if config.lam is not None and lms.normalisation == "unnormalised":
             raise ConfigError(
                 f"models.{name}.lambda: {config.bundle}'s scores are unnormalised (see its manifest's heldout log Z), "
                 "so they cannot be interpolated with the n-gram word by word; leave out lambda"
             )
-        model = cls(name, config, lms, InterpolatedLM(lms.scorer, lms.ngram, config.lam), {}, threads, generation)
+        lm = InterpolatedLM(lms.scorer, lms.ngram, config.lam)
+        model = cls(name, config, lms, lm, {}, threads, generation, device)
         for profile_name, path in config.profiles.items():
             model.profiles[profile_name] = model._profile(profile_name, path)
         return model
@@ -74,7 +78,7 @@ class ServedModel:
 
     def ref(self) -> tuple:
         """What names this model in a scoring process (``server.engine.resolve`` loads it from that)."""
-        return (self.name, self.config, self.threads, self.generation)
+        return (self.name, self.config, self.threads, self.generation, self.device)
 
     def __reduce__(self):
         """Pickled (to a scoring process, ``server.engine``) as a reference the process resolves to its own copy."""
@@ -93,16 +97,21 @@ class ModelSet:
     loads a new one (``generation`` one higher) and the server swaps it in whole, so a call that resolved its model
     keeps it to the end while later calls get the new set."""
 
-    def __init__(self, models: dict[str, ServedModel], default: str, generation: int = 1):
+    def __init__(self, models: dict[str, ServedModel], default: str, generation: int = 1, device: str = "cpu"):
         self.models = models
         self.default = default
         self.generation = generation
+        self.device = device
 
     @classmethod
-    def load(cls, config: Config, generation: int = 1) -> ModelSet:
-        threads = config.server.scorer_threads
-        models = {name: ServedModel.load(name, model, threads, generation) for name, model in config.models.items()}
-        return cls(models, config.default_model, generation)
+    def load(cls, config: Config, generation: int = 1, device: str | None = None) -> ModelSet:
+        """``device``: where the neural LMs run, by default ``server.device``. A reload passes the running set's:
+        [server] settings change at a restart only, and the device may have come from the command line."""
+        threads, device = config.server.scorer_threads, device or config.server.device
+        models = {
+            name: ServedModel.load(name, model, threads, generation, device) for name, model in config.models.items()
+        }
+        return cls(models, config.default_model, generation, device)
 
     def get(self, name: str) -> ServedModel:
         model = self.models.get(name or self.default)

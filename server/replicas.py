@@ -67,7 +67,13 @@ def client_target(host: str, ports: list[int]) -> str:
 
 
 def serve_replicas(
-    config: Config, count: int, host: str | None, port: int | None, metrics_port: int | None, log_level: str
+    config: Config,
+    count: int,
+    host: str | None,
+    port: int | None,
+    metrics_port: int | None,
+    log_level: str,
+    device: str | None = None,
 ) -> int:
     """Run ``count`` replicas until SIGTERM/SIGINT (or until one of them exits); the exit status."""
     host = host or config.server.host
@@ -78,6 +84,7 @@ def serve_replicas(
         command = [sys.executable, "-m", "lmserve.server.cli", "serve", "--config", str(config.path), "--host", host]
         command += ["--port", str(port + i if port else 0), "--log-level", log_level]
         command += ["--metrics-port", str(metrics_port + i if metrics_port > 0 else metrics_port)]
+        command += ["--device", device or config.server.device]
         replicas.append(Replica(i, command))
 
     stopping = threading.Event()
