@@ -5,12 +5,38 @@ from __future__ import annotations
 
 import gzip
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def no_gpu_reason() -> str | None:
+    """Why no NVIDIA GPU is visible here (None when ``nvidia-smi -L`` lists one): asked of the driver's own tool,
+    so that it holds whatever onnxruntime or torch build is installed."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return "no NVIDIA GPU: nvidia-smi is not installed"
+    except subprocess.TimeoutExpired:
+        return "no NVIDIA GPU: nvidia-smi -L did not answer in 30 s"
+    if listed.returncode != 0 or "GPU" not in listed.stdout:
+        said = (listed.stderr or listed.stdout).strip().splitlines()
+        how = f"exited {listed.returncode}" if listed.returncode else "lists none"
+        return f"no NVIDIA GPU: nvidia-smi -L {how}" + (f" ({said[0]})" if said else "")
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``needs_gpu`` are skipped, with the reason, where no NVIDIA GPU is visible."""
+    gpu_tests = [item for item in items if item.get_closest_marker("needs_gpu")]
+    reason = no_gpu_reason() if gpu_tests else None
+    if reason:
+        for item in gpu_tests:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def make_sentences(n: int, seed: int, vocab_size: int = 40, max_len: int = 12) -> list[str]:

@@ -1,0 +1,145 @@
+"""The neural scorer on the GPU vs on the CPU of the same machine -> gpu_scorer.json
+
+    python -m benchmarks.gpu_scorer                                       # a machine with an NVIDIA GPU (below)
+    python -m benchmarks.gpu_scorer --device cpu --lists 20 --steps 20 --results /tmp/gpu_scorer   # smoke test
+
+Two measurements, each of a scorer on ``--device`` (cuda) beside the same bundle's scorer on the CPU:
+
+- ``gpu_lists_per_s``, ``cpu_lists_per_s``: LibriSpeech dev_other 30-best lists (the first ``--lists`` of them) through
+  ``Scorer.score_nbest`` (prefix-shared ``step`` runs and ``sentences`` tails), ``--lists-per-call`` lists a call, the
+  neural LM only; the two scorers take turns, ``--rounds`` rounds (``benchmarks.common.time_interleaved``), medians;
+- ``next_words_p99_ms``: a batched decoder step on ``--device``: beam ``--beam`` x ``--decoders`` decoders, every
+  hypothesis' state in one ``step`` run (what lm-serve's ScoreNextWordsBatch gives a step when the server merges the
+  decoders' calls; gRPC, the n-gram and the state tokens are left out: they are CPU work whatever the device), one
+  candidate each, every hypothesis going on from its own output state as ``benchmarks.beam_step_load``'s walks do.
+  So the states stay on the device between steps (``next_word_scores(device_states=True)``, onnxruntime's IO
+  binding); ``host_states_p99_ms`` copies them to numpy and back each step, as the server's batches of states of many
+  decoders must, and ``cpu_next_words_p99_ms`` is the CPU scorer's step. Percentiles as ``benchmarks.decoding``'s.
+
+What must be true on the machine for ``--device cuda`` (the default):
+
+- onnxruntime-gpu in place of onnxruntime (``pip uninstall -y onnxruntime && pip install 'lmserve[gpu]'``), with the
+  CUDA and cuDNN libraries that onnxruntime-gpu version was built for: ``CUDAExecutionProvider`` must be in
+  ``onnxruntime.get_available_providers()`` and a session must keep it (the scorer checks both and stops at once,
+  saying which failed). The lent H100 machines have torch 2.11 and the CPU onnxruntime only, reach no package
+  index, and a run carries at most 64 MiB (the onnxruntime-gpu wheel is larger): the wheel must be there already;
+- torch (``benchmarks.common.write_result`` records the machine, the GPU's name through torch) and ``nvidia-smi``;
+- the bundle (``--bundle``, default ``var/bundles/demo``, 23 MB: carry it) and the lists (``--list``, default the
+  shared ``librispeech-nbest/dev_other.tar.gz``, 5.5 MB: copy it into the tree and pass ``--list``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+import benchmarks.common as common
+from benchmarks.common import ROOT, time_interleaved, write_result
+from benchmarks.decoding import NORMALIZE, percentiles
+from benchmarks.serve_harness import DEV_OTHER
+from lmserve.rescoring.command import add_device_argument
+from lmserve.rescoring.nbest import read_nbest
+from lmserve.rescoring.scorer import BOS, Scorer
+from lmserve.rescoring.textnorm import PRESETS
+
+BUNDLE = ROOT / "var" / "bundles" / "demo"
+
+
+def lists_seconds(scorer: Scorer, lists: list[list[str]], per_call: int) -> float:
+    start = time.perf_counter()
+    for first in range(0, len(lists), per_call):
+        scorer.score_nbest(lists[first : first + per_call])
+    return time.perf_counter() - start
+
+
+def step_latencies(scorer: Scorer, rows: int, steps: int, device_states: bool, seed: int = 0) -> list[float]:
+    """Milliseconds of each of ``steps`` chained ``step`` runs over ``rows`` states from the sentence start, each
+    hypothesis reading a word drawn from the vocabulary (the words change the work of no head but the adaptive's
+    clusters, which a fixed seed keeps the same for every scorer)."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(BOS + 1, len(scorer.bundle.tokens), (steps + 1, rows, 1))
+    prev = np.full(rows, BOS)
+    h, c = scorer.zero_state(rows)
+    out = []
+    for step in range(steps):
+        start = time.perf_counter()
+        _, h, c = scorer.next_word_scores(prev, h, c, words[step], device_states=device_states)
+        out.append((time.perf_counter() - start) * 1000)
+        prev = words[step, :, 0]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_device_argument(parser, default="cuda")  # cpu: a smoke test, the measured scorer being the CPU one
+    parser.add_argument("--bundle", type=Path, default=BUNDLE)
+    parser.add_argument("--list", type=Path, default=DEV_OTHER, help="n-best lists, any format lm-rescore reads")
+    parser.add_argument("--normalize", default=NORMALIZE, help="textnorm preset ('' for the bundle's own)")
+    parser.add_argument("--lists", type=int, default=500, help="the first this many lists of --list")
+    parser.add_argument("--lists-per-call", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads of each scorer (0: all cores)")
+    parser.add_argument("--decoders", type=int, default=16)
+    parser.add_argument("--beam", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=300, help="measured decoder steps per way")
+    parser.add_argument("--warmup", type=int, default=20, help="steps before each way, not measured")
+    parser.add_argument("--results", type=Path, help="write the result file here (default: benchmarks/results)")
+    args = parser.parse_args(argv)
+    if args.results:
+        common.RESULTS = args.results
+        args.results.mkdir(parents=True, exist_ok=True)
+
+    normalizer = PRESETS[args.normalize] if args.normalize else None
+    scorers = {  # one scorer for both with --device cpu
+        device: Scorer(args.bundle, threads=args.threads, device=device, normalizer=normalizer)
+        for device in (args.device, "cpu")
+    }
+    measured, cpu = scorers[args.device], scorers["cpu"]
+    lists = [[h.text for h in entry.hypotheses] for entry in read_nbest(args.list).entries[: args.lists]]
+    for scorer in scorers.values():  # warm-up: sessions' first runs allocate
+        lists_seconds(scorer, lists[: args.lists_per_call], args.lists_per_call)
+    seconds = time_interleaved(
+        {device: lambda s=scorer: lists_seconds(s, lists, args.lists_per_call) for device, scorer in scorers.items()},
+        args.rounds,
+    )
+
+    rows = args.beam * args.decoders
+    ways = {"device_states": (measured, True), "host_states": (measured, False), "cpu": (cpu, False)}
+    steps = {}
+    for way, (scorer, on_device) in ways.items():
+        step_latencies(scorer, rows, args.warmup, on_device)
+        steps[way] = percentiles(step_latencies(scorer, rows, args.steps, on_device))
+        print(way, json.dumps(steps[way]), flush=True)
+
+    metrics = {
+        "gpu_lists_per_s": len(lists) / seconds[args.device],
+        "cpu_lists_per_s": len(lists) / seconds["cpu"],
+        "next_words_p99_ms": steps["device_states"]["p99_ms"],
+        "next_words_p50_ms": steps["device_states"]["p50_ms"],
+        "host_states_p99_ms": steps["host_states"]["p99_ms"],
+        "cpu_next_words_p99_ms": steps["cpu"]["p99_ms"],
+    }
+    extra = dict(
+        device=args.device,
+        providers={device: s.sessions["step"].get_providers() for device, s in scorers.items()},
+        bundle=str(args.bundle),
+        list=str(args.list),
+        lists=len(lists),
+        hypotheses=sum(len(hyps) for hyps in lists),
+        lists_per_call=args.lists_per_call,
+        rounds=args.rounds,
+        threads=args.threads,
+        step={"decoders": args.decoders, "beam": args.beam, "rows": rows, "candidates": 1, "ways": steps},
+        note="gpu_* and next_words_* are the --device scorer's (named for the GPU it is meant for), cpu_* the CPU's",
+    )
+    write_result("gpu_scorer", metrics, **extra)
+    print({k: round(v, 3) for k, v in metrics.items()})
+    return {"metrics": metrics, **extra}
+
+
+if __name__ == "__main__":
+    main()
