@@ -12,6 +12,8 @@ A bundle is a directory::
     subword.model      version 3 only: the sentencepiece model whose pieces vocab.tsv lists
     sentences_open.onnx  optional (heads that spell: charcnn, cnnsoftmax): whole sentences whose unknown words are
                        scored from their spelling
+    weights.bin        optional (with ``weights``): the graphs' large initializers, once each, as ONNX external
+                       data that every graph points into
 
 Graphs (float32 scores in natural log; dynamic batch B, length T, candidates K; L layers, state size H):
 
@@ -65,6 +67,10 @@ spelling            optional, for heads whose output vectors come from character
                     the scorer can score words outside the vocabulary from their spelling (``Scorer(open_vocab=True)``)
 opset               ONNX opset of the graphs
 quantization        null, or "int8-dynamic" (weights int8, activations quantised on the fly)
+weights             optional: {"file": "weights.bin", "storage": "fp32" | "fp16" | "int8"}: the graphs keep their
+                    large initializers in that file (``training.weight_storage``); fp16 and int8 values are widened
+                    to float32 by ``Cast`` (and ``Mul`` by a per-row scale) nodes that ONNX Runtime folds at load, so
+                    the graphs compute in float32 whatever the storage. Without it each graph holds its own weights
 heldout             measured at export on held-out text, sentence by sentence: {"file", "sentences", "tokens",
                     "oov_rate", "ppl", "ppl_no_oov" (exact, PyTorch fp32), "score_ppl" (exp of minus the mean
                     score of the exported sentences graph: equals ppl for exact fp32 bundles), "logz_mean",
@@ -96,6 +102,8 @@ VOCAB_FILE = "vocab.tsv"  # the names export gives the files; a manifest may nam
 GRAPH_FILES = {graph: f"{graph}.onnx" for graph in GRAPHS}
 OPEN_GRAPH = "sentences_open"  # optional, with the manifest's "spelling"
 OPEN_GRAPH_FILE = f"{OPEN_GRAPH}.onnx"
+WEIGHTS_FILE = "weights.bin"  # optional: the graphs' shared external data (the manifest's "weights")
+WEIGHT_STORAGES = ("fp32", "fp16", "int8")
 SPELLING_FIELDS = ("chars", "first_char_id", "max_chars", "pad", "bow", "eow")
 NORMALISATIONS = ("exact", "self-normalised", "unnormalised")
 REQUIRED = {
@@ -262,6 +270,16 @@ def validate_manifest(manifest: dict, where: Path | str) -> None:
             raise BundleError(
                 f"{where}: graphs.{OPEN_GRAPH} = {manifest['graphs'][OPEN_GRAPH]!r} is not listed in 'files'"
             )
+    weights = manifest.get("weights")
+    if weights is not None and (
+        not isinstance(weights, dict)
+        or weights.get("storage") not in WEIGHT_STORAGES
+        or weights.get("file") not in manifest["files"]
+    ):
+        raise BundleError(
+            f"{where}: field 'weights' = {weights!r}: expected {{'file': a file listed in 'files', 'storage': one of "
+            f"{', '.join(WEIGHT_STORAGES)}}}"
+        )
     if manifest["vocab"]["file"] not in manifest["files"]:
         raise BundleError(f"{where}: vocab.file {manifest['vocab']['file']!r} is not listed in 'files'")
     vocab_type = manifest["vocab"].get("type", "word")

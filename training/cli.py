@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import lmserve
+from lmserve.rescoring.bundle import WEIGHT_STORAGES
 from lmserve.rescoring.command import stdout_closed
 from lmserve.rescoring.outputs import check_outputs
 from lmserve.training.config import CHECKOUT_DATA_DIR, DATA_ENV, ConfigError, data_dir, expand_data_path, load_config
@@ -89,11 +90,15 @@ def _export(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    manifest = export_bundle(args.checkpoint, args.out, heldout=args.heldout, quantize=args.quantize, exact=args.exact)
+    manifest = export_bundle(
+        args.checkpoint, args.out, heldout=args.heldout, quantize=args.quantize, exact=args.exact, weights=args.weights
+    )
     held = manifest["heldout"]
+    size = sum(p.stat().st_size for p in Path(args.out).iterdir())
     print(
-        f"wrote {args.out}: {manifest['head']} head, {manifest['normalisation']} scores, held-out ppl "
-        f"{held['ppl']:.2f} (bundle scores: {held['score_ppl']:.2f}), log Z mean {held['logz_mean']:.3f} "
+        f"wrote {args.out} ({size / 2**20:.1f} MiB, {manifest['weights']['storage']} weights): {manifest['head']} "
+        f"head, {manifest['normalisation']} scores, held-out ppl {held['ppl']:.2f} (bundle scores: "
+        f"{held['score_ppl']:.2f}), log Z mean {held['logz_mean']:.3f} "
         f"std {held['logz_std']:.3f}, max |ONNX - PyTorch| {held['max_abs_diff']:.1e}",
         file=sys.stderr,
     )
@@ -219,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="bundle directory to write (replaced atomically)")
     ex.add_argument("--heldout", help="text for the manifest's perplexity and log Z figures (default: the run's valid)")
     ex.add_argument("--quantize", choices=("int8",), help="int8 dynamic quantisation of the graphs")
+    ex.add_argument(
+        "--weights",
+        choices=WEIGHT_STORAGES,
+        default="fp32",
+        help="how weights.bin stores the weights the graphs share: fp16 halves the bundle, int8 (per-row scales) "
+        "quarters it; the scorer computes in float32 either way and the manifest records the held-out perplexity "
+        "of the stored graphs (default fp32)",
+    )
     ex.add_argument(
         "--exact",
         action="store_true",

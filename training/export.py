@@ -36,6 +36,7 @@ from lmserve.rescoring.bundle import (  # the format, defined once where it is r
     OPEN_GRAPH_FILE,
     SUBWORD_FORMAT_VERSION,
     VOCAB_FILE,
+    WEIGHT_STORAGES,
 )
 from lmserve.training import objectives
 from lmserve.training.batching import SentenceBatches, StreamBatches
@@ -47,6 +48,7 @@ from lmserve.training.heads.base import per_candidate
 from lmserve.training.model import LSTMLM
 from lmserve.training.prepared import open_corpus
 from lmserve.training.subword import MODEL_FILE, checkpoint_subword_model, per_word
+from lmserve.training.weight_storage import store_weights
 
 OPSET = 17
 # Exact fp32 graphs must reproduce PyTorch to this per-token tolerance, or export fails.
@@ -307,11 +309,21 @@ def export_bundle(
     heldout: str | None = None,
     quantize: str | None = None,
     exact: bool = False,
+    weights: str = "fp32",
 ) -> dict:
     """Write the bundle atomically and return its manifest. ``exact``: normalised graphs whatever the objective (a
-    sampled model's exact probabilities, at the full softmax's cost per token)."""
+    sampled model's exact probabilities, at the full softmax's cost per token). ``weights``: how ``weights.bin``
+    stores the graphs' weights (``training.weight_storage``); the held-out check runs on the stored graphs, so the
+    manifest's ``score_ppl`` is the shipped bundle's."""
     if quantize not in (None, "int8"):
         raise ValueError(f"--quantize {quantize!r}: expected int8")
+    if weights not in WEIGHT_STORAGES:
+        raise ValueError(f"--weights {weights!r}: expected one of {', '.join(WEIGHT_STORAGES)}")
+    if quantize and weights != "fp32":
+        raise ValueError(
+            f"--quantize int8 with --weights {weights}: dynamic quantisation already stores int8 weights (and computes "
+            "in int8); --weights fp16/int8 narrows the storage of float32 graphs. Choose one"
+        )
     ckpt = resolve_checkpoint(checkpoint)
     cfg, vocab, model = load_model_for_eval(ckpt)
     model.eval()
@@ -332,12 +344,14 @@ def export_bundle(
         export_graphs(model, self_normalised, tmp)
         if quantize:
             quantize_graphs(tmp)
+        graph_files = [p.name for p in sorted(tmp.glob("*.onnx"))]
+        stored = store_weights(tmp, graph_files, weights)
         check = heldout_check(model, self_normalised, tmp / GRAPH_FILES["sentences"], corpus, batches)
         speller = model.head.speller()
         if speller is not None:
             check |= open_check(model, self_normalised, tmp / OPEN_GRAPH_FILE, corpus, batches, vocab)
         worst = max(check["max_abs_diff"], check.get("open_max_abs_diff", 0.0))
-        if not quantize and worst > PARITY_TOLERANCE:
+        if not quantize and weights == "fp32" and worst > PARITY_TOLERANCE:
             raise RuntimeError(
                 f"exported graph differs from PyTorch by {worst:.2e} per token "
                 f"(tolerance {PARITY_TOLERANCE}) on {heldout}"
@@ -367,6 +381,7 @@ def export_bundle(
             **({"spelling": spelling_fields(speller)} if speller is not None else {}),
             "opset": OPSET,
             "quantization": "int8-dynamic" if quantize else None,
+            "weights": stored,
             "heldout": {
                 "file": heldout,
                 "sentences": corpus.num_sentences,
