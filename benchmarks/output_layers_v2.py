@@ -1,11 +1,12 @@
 """Issue 33's output layers and estimators beside the full softmax, Gutenberg V = 50k -> output_layers_v2.json
 
-    python -m benchmarks.output_layers_v2 --jobs 2   # about 15 minutes on 2 idle cores, up to 25 on busy ones
-    python -m benchmarks.output_layers_v2 --tiny --jobs 2 --results /tmp/ol2   # a smoke test, under a minute
+    python -m benchmarks.output_layers_v2 --jobs 2   # about 25 minutes on 2 idle cores, up to 40 on busy ones
+    python -m benchmarks.output_layers_v2 --tiny --jobs 2 --results /tmp/ol2   # a smoke test, 1-3 minutes
 
-(The estimate adds up the rows' speeds timed here on short runs: the full softmax, dsoftmax and cnnsoftmax about
-300-500 tokens/s each, the sampled rows 1,000-3,500, with two jobs side by side; the k-means of slim-clustered, a
-minute; evaluations, process starts and the speed rounds, about 5 minutes.)
+(The estimate adds up the rows' speeds timed here on short runs: the full softmax and cnnsoftmax about 300-500
+tokens/s each, the other rows 1,000-5,000, with two jobs side by side; the k-means of slim-clustered, a minute;
+evaluations, process starts and the speed rounds, about 5 minutes; exports and scorer rounds, about 5 minutes: 7-21 s
+an export on a loaded machine.)
 
 Every row trains configs/gutenberg_objectives.toml, the settings of the Gutenberg objectives tables (the 2x200 LSTM
 in sentence mode, a 50,000-word vocabulary of the prepared Gutenberg books, SGD at lr 1, batches of 20 sentences,
@@ -28,13 +29,20 @@ perplexities are those of an early stage of training, compared like with like. T
   about 5x slower than the full softmax here);
 - ``slim-random`` and ``slim-clustered``: slim output vectors at 10% of the full matrix (K = 4 sub-vectors, 5,000 per
   position), their sub-vectors assigned at random or by k-means of ``full-ce``'s trained output vectors; both trained
-  by the ``fixed-is`` estimator (exactly, a slim step costs more than the full softmax's on a CPU).
+  by the ``fixed-is`` estimator (exactly, a slim step costs more than the full softmax's on a CPU);
+- the older output layers and estimators, with the settings of their rows in the Gutenberg objectives table
+  (configs/gutenberg_objectives.rows.toml, read from there): ``adaptive-ce``, ``class-ce``, ``tree-ce`` and the full
+  softmax trained by ``full-is``, ``full-nce``, ``full-ns``, ``full-blackout`` and ``full-beta-nce``. That table
+  trained them on 2M tokens; here they train on this benchmark's budget, so that one table holds every output layer
+  and estimator of the project, measured the same way.
 
 Evaluation is exact for every row (the full normalised distribution). Perplexity ratios are test perplexities over
 ``full-ce``'s of the same run. Speeds: once the runs are done, every row's training step is timed side by side on the
 same batches (benchmarks.training_speed, ``--speed-steps`` x ``--speed-rounds``; slim-clustered is slim-random's
 computation and is not timed again); ``*_speedup`` is a row's tokens/s over ``full-ce``'s. ``output_params`` counts the
-output layer's parameters (the head's: CNN, projections, corrections and biases for cnnsoftmax).
+output layer's parameters (the head's: CNN, projections, corrections and biases for cnnsoftmax). ``export_s`` and
+``scorer_tokens_per_s``: each run exported to a bundle, one after the other, and the torch-free scorer's speed on the
+test sentences, one thread, the rows taking turns ``--speed-rounds`` times (benchmarks.export_and_score).
 """
 
 from __future__ import annotations
@@ -43,11 +51,13 @@ import argparse
 import gzip
 import subprocess
 import sys
+import tomllib
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import benchmarks.common as common
 from benchmarks.common import ROOT, gutenberg_books, write_result
+from benchmarks.export_and_score import export_and_score
 from benchmarks.objectives import result_row
 from benchmarks.train_run import fit_in_subprocess
 from benchmarks.training_speed import training_tokens_per_s
@@ -62,6 +72,16 @@ PROPOSAL = ["objective.samples=1000", "objective.noise_power=0.5", "objective.no
 IS = ["objective.type=importance_sampling", "objective.target_term=exact", *PROPOSAL]
 CHARS = ["head.charcnn_size=200", "head.correction_size=32"]
 SLIM = ["head.type=slim", "head.slim_subvectors=4", "head.slim_pool=20000", *IS]
+OLDER_ROWS_FILE = ROOT / "configs" / "gutenberg_objectives.rows.toml"
+OLDER = ("adaptive-ce", "class-ce", "tree-ce", "full-is", "full-nce", "full-ns", "full-blackout", "full-beta-nce")
+
+
+def older_rows() -> dict[str, list[str]]:
+    """The settings of the older rows, as the Gutenberg objectives table trains them."""
+    table = tomllib.loads(OLDER_ROWS_FILE.read_text())["objectives"]
+    return {row: table[row]["set"] for row in OLDER}
+
+
 ROWS = {
     "full-ce": [],
     # the strided training-NLL estimate runs the CNN over the vocabulary: every 20th step only
@@ -72,6 +92,7 @@ ROWS = {
     "adaptive-is": [*IS, "objective.type=adaptive_importance_sampling", "objective.adapt_rate=0.02"],
     "slim-random": SLIM,
     "slim-clustered": [*SLIM, "head.slim_embeddings={full}"],
+    **older_rows(),
 }
 # rows that run only when --rows names them
 EXTRA_ROWS = {
@@ -199,9 +220,12 @@ def main() -> None:
     timed = {row: overrides(row) for row in results if row != "slim-clustered"}
     speed = training_tokens_per_s(CONFIG, timed, steps=args.speed_steps, rounds=args.speed_rounds)
     vocab = Vocabulary.load(data / "vocab.tsv")
+    test = folder / "heldout" / "test.txt.gz"
+    served = export_and_score({row: runs / row for row in results}, str(data), test, args.speed_rounds)
     for row, result in results.items():
         result["tokens_per_s"] = speed.get(row, speed.get("slim-random"))
         result["output_params"] = output_params(overrides(row), vocab)
+        result |= served[row]
     write_result(
         name,
         metrics(results),
