@@ -193,6 +193,10 @@ class TrainConfig:
     accumulate: int = 1  # micro-batches per step and rank (gradient accumulation: large batches on few devices)
     precision: str = "fp32"  # fp32 | bf16 (autocast: matrix products in bfloat16, weights and optimiser in fp32)
     prefetch: int = 2  # steps of batches built ahead by a background thread (0 = none); pinned memory on a GPU
+    # none: the eager step; compile: torch.compile of the forward and backward (CUDA graphs through mode
+    # "reduce-overhead" on a GPU); cuda_graphs: forward, backward, clipping and Adam captured as CUDA graphs (a GPU
+    # only). Both score batches in static shapes built on the CPU (training/fast_step.py says how and what they need).
+    compile: str = "none"
 
 
 @dataclass
@@ -238,6 +242,7 @@ _CHOICES = {
     ("schedule", "type"): ("fixed", "plateau", "linear"),
     ("train", "loss_reduction"): ("sequence_sum", "token_mean"),
     ("train", "precision"): ("fp32", "bf16"),
+    ("train", "compile"): ("none", "compile", "cuda_graphs"),
 }
 
 
@@ -302,6 +307,7 @@ def config_from_dict(raw: dict, source: str = "<config>") -> Config:
     config = Config(**sections)
     _check_head_and_objective(config, source)
     _check_data_and_stopping(config, source)
+    _check_compile(config, source)
     return config
 
 
@@ -352,6 +358,31 @@ def _check_data_and_stopping(config: Config, source: str) -> None:
         )
     if patience < 0:
         raise ConfigError(f"{source}: train.early_stop_patience = {patience}, expected 0 (off) or more evaluations")
+
+
+def _check_compile(config: Config, source: str) -> None:
+    """What the static-shape steps of training/fast_step.py support, checked before any data is read."""
+    t, mode = config.train, config.train.compile
+    if mode == "none":
+        return
+    where = f"{source}: train.compile = {mode}"
+    if mode == "cuda_graphs" and not t.device.startswith("cuda"):
+        raise ConfigError(f"{where} captures CUDA graphs: it needs train.device = cuda or cuda:N, got {t.device!r}")
+    if mode == "cuda_graphs" and config.optimizer.name != "adam":
+        raise ConfigError(
+            f"{where} captures the update with the learning rate on the GPU: it needs optimizer.name = "
+            f"adam, got {config.optimizer.name}"
+        )
+    if config.head.type not in ("full", "adaptive"):
+        raise ConfigError(
+            f"{where} scores batches in static shapes: it needs head.type = full or adaptive, got {config.head.type}"
+        )
+    if config.objective.type != "cross_entropy" or config.objective.selfnorm_alpha:
+        raise ConfigError(f"{where} needs objective.type = cross_entropy and objective.selfnorm_alpha = 0")
+    if config.model.dropout or t.accumulate != 1:
+        raise ConfigError(
+            f"{where} needs model.dropout = 0 and train.accumulate = 1, got {config.model.dropout} and {t.accumulate}"
+        )
 
 
 def data_dir() -> Path:

@@ -45,6 +45,7 @@ from lmserve.training.corpus import EncodedCorpus
 from lmserve.training.curves import MetricsLog, plot_curves
 from lmserve.training.distributed import Distributed, setup, step_seed
 from lmserve.training.evaluate import EvalResult, evaluate, flatten
+from lmserve.training.fast_step import FastStep, Router
 from lmserve.training.model import LSTMLM
 from lmserve.training.objectives import build_objective
 from lmserve.training.prepared import SPLITS, VocabSettings, is_prepared, open_corpus, open_dataset, prepare
@@ -81,7 +82,9 @@ class _StopFlag:
 
 def build_optimizer(model: LSTMLM, cfg: Config) -> torch.optim.Optimizer:
     """Adam's update is one fused kernel over all parameters, on the CPU too: the per-tensor loop took a quarter of a
-    PTB step and a third of the LibriSpeech LM's (BENCHMARKS.md, "Where a step's time goes"); SGD is fused on GPUs."""
+    PTB step and a third of the LibriSpeech LM's (BENCHMARKS.md, "Where a step's time goes"); SGD is fused on GPUs.
+    ``train.compile = cuda_graphs`` captures Adam's update in a graph, which needs its step counts on the GPU
+    (``capturable``)."""
     o = cfg.optimizer
     on_gpu = next(model.parameters()).is_cuda
     if o.name == "sgd":
@@ -89,7 +92,8 @@ def build_optimizer(model: LSTMLM, cfg: Config) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, **fused)
     if o.name == "adagrad":
         return torch.optim.Adagrad(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
-    return torch.optim.Adam(model.parameters(), lr=o.lr, weight_decay=o.weight_decay, fused=True)
+    capturable = cfg.train.compile == "cuda_graphs"
+    return torch.optim.Adam(model.parameters(), lr=o.lr, weight_decay=o.weight_decay, fused=True, capturable=capturable)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config):
@@ -324,6 +328,14 @@ class Trainer:
             )
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
+        self.router, self.fast = None, None  # train.compile: routed batches through a compiled or captured step
+        if cfg.train.compile != "none":
+            if dist.active:
+                raise ValueError(f"train.compile = {cfg.train.compile} trains on one process, not under torchrun")
+            self.router = Router(self.model, cfg.train.batch_size, vocab.eos_id, self.train_batches.carries_state)
+            self.fast = FastStep(
+                cfg.train.compile, self.model, self.optimizer, cfg.train.clip_norm, cfg.train.precision == "bf16"
+            )
         self.state = {
             "epochs_done": 0,
             "batch": 0,
@@ -461,6 +473,12 @@ class Trainer:
     def _my_parts(self) -> list[int]:
         return [k * self.dist.world + self.dist.rank for k in range(self.cfg.train.accumulate)]
 
+    def train_steps(self, epoch: int, start: int = 0) -> Iterator[list]:
+        """This rank's micro-batches of each step of ``epoch`` from batch ``start`` on, as :meth:`step` takes them
+        (routed into static shapes for ``train.compile``; the router runs in the prefetch thread)."""
+        steps = self.train_batches.steps_of(epoch, start, self.dist.rank, self.dist.world, self.cfg.train.accumulate)
+        return steps if self.router is None else map(self.router, steps)
+
     def fit(self) -> dict:
         cfg, st = self.cfg, self.state
         self._clock = (st["wall_seconds"], time.perf_counter())
@@ -506,7 +524,7 @@ class Trainer:
         )
         window_nll, window_tokens, window_start = 0.0, 0, time.perf_counter()
         outcome = "done"
-        steps = self.train_batches.steps_of(epoch, st["batch"], self.dist.rank, self.dist.world, cfg.train.accumulate)
+        steps = self.train_steps(epoch, st["batch"])
         for micro in prefetched(steps, cfg.train.prefetch, pin=self.device.type == "cuda"):
             t0 = time.perf_counter()
             result = self.step(micro, states, stop.raised)
@@ -556,7 +574,8 @@ class Trainer:
 
         Every micro-batch's summed loss is divided by the *global* number of sequences (or tokens) of the step and
         multiplied by the world size, which DDP's gradient average divides out again: W ranks x K micro-batches then
-        compute the gradient one process computes on the whole batch."""
+        compute the gradient one process computes on the whole batch. With ``train.compile`` the micro-batch is a
+        routed one and the work is training/fast_step.py's."""
         cfg, st, dist = self.cfg, self.state, self.dist
         sequences, tokens, stopping = dist.sum(
             [sum(b.num_sequences for b in micro), sum(b.num_tokens for b in micro), float(stop)]
@@ -566,6 +585,10 @@ class Trainer:
         denominator = sequences if cfg.train.loss_reduction == "sequence_sum" else tokens
         scale = dist.world / denominator
         carries = self.train_batches.carries_state
+        if self.fast is not None:
+            self._set_lr()
+            nll, state = self.fast(micro[0], states[0], scale)
+            return nll, int(tokens), [state if carries else None]
         self.optimizer.zero_grad(set_to_none=True)
         nll, new_states = 0.0, []
         for k, (part, batch, state) in enumerate(zip(self._my_parts(), micro, states, strict=True)):
@@ -580,14 +603,17 @@ class Trainer:
             nll += part_nll.item()
             new_states.append(tuple(s.detach() for s in state) if carries else None)
         with record_function("optimizer"):
-            if cfg.schedule.type == "linear":
-                for group in self.optimizer.param_groups:
-                    group["lr"] = linear_lr(cfg, st["tokens_seen"])
+            self._set_lr()
             if cfg.train.clip_norm:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.clip_norm)
             self.optimizer.step()
         (nll,) = dist.sum([nll])
         return nll, int(tokens), new_states
+
+    def _set_lr(self) -> None:
+        if self.cfg.schedule.type == "linear":
+            for group in self.optimizer.param_groups:
+                group["lr"] = linear_lr(self.cfg, self.state["tokens_seen"])
 
     def _autocast(self):
         if self.cfg.train.precision == "bf16":
