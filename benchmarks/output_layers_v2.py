@@ -2,6 +2,8 @@
 
     python -m benchmarks.output_layers_v2 --jobs 2   # about 25 minutes on 2 idle cores, up to 40 on busy ones
     python -m benchmarks.output_layers_v2 --tiny --jobs 2 --results /tmp/ol2   # a smoke test, 1-3 minutes
+    python -m benchmarks.output_layers_v2 --tokens 1000000 --rows full-ce,dsoftmax,target-sampling,cnnsoftmax,fixed-is \
+        --jobs 2   # the ratio rows on a longer budget -> output_layers_v2_1000k.json (runs of their own), ~1.5 h
 
 (The estimate adds up the rows' speeds timed here on short runs: the full softmax and cnnsoftmax about 300-500
 tokens/s each, the other rows 1,000-5,000, with two jobs side by side; the k-means of slim-clustered, a minute;
@@ -181,6 +183,8 @@ def main() -> None:
     if args.tiny:
         args.tokens, args.eval_sentences = min(args.tokens, TINY_TOKENS), min(args.eval_sentences, TINY_EVAL_SENTENCES)
     folder = ROOT / "var" / name
+    if args.tokens != TOKENS and not args.tiny:  # another budget: runs and result file of their own, same data
+        name = f"{name}_{args.tokens // 1000}k"
     runs = ROOT / "var" / "runs" / name
     data = prepare_data(gutenberg_books(), folder, args.eval_sentences, 2000 if args.tiny else 50_000)
     known = ROWS | EXTRA_ROWS
