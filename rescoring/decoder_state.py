@@ -24,8 +24,10 @@ client that forges one only gets scores of a state it made up.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +36,7 @@ VERSION = 1
 FINGERPRINT_BYTES = 8
 HAS_NGRAM_CONTEXT = 1
 _HEADER = struct.Struct("<B8sBI")  # version, fingerprint, flags, previous word id
+_FLAGS = 9  # the flags' offset
 _CRC = struct.Struct("<I")
 
 
@@ -61,55 +64,103 @@ class DecoderState:
     ngram_context: tuple[str, ...] | None  # None when the model has no n-gram
 
 
-def encode(state: DecoderState, fingerprint: bytes) -> bytes:
-    flags = HAS_NGRAM_CONTEXT if state.ngram_context is not None else 0
-    body = b"".join(
-        [
-            _HEADER.pack(VERSION, fingerprint[:FINGERPRINT_BYTES], flags, state.prev_id),
-            np.ascontiguousarray(state.h, dtype="<f4").tobytes(),
-            np.ascontiguousarray(state.c, dtype="<f4").tobytes(),
-            " ".join(state.ngram_context).encode("utf-8") if state.ngram_context is not None else b"",
-        ]
+@functools.cache
+def _record(layers: int, hidden: int) -> np.dtype:
+    """The fixed-size front of a token (``_HEADER``'s fields, h, c) as one numpy record, so that a batch of states
+    packs and unpacks in a few array operations instead of a dozen Python calls per state."""
+    matrix = ("<f4", (layers, hidden))
+    return np.dtype(
+        [("version", "u1"), ("mark", "V8"), ("flags", "u1"), ("prev_id", "<u4"), ("h", *matrix), ("c", *matrix)]
     )
-    return body + _CRC.pack(zlib.crc32(body))
+
+
+def encode(state: DecoderState, fingerprint: bytes) -> bytes:
+    return encode_many([state.prev_id], state.h[:, None], state.c[:, None], [state.ngram_context], fingerprint)[0]
+
+
+def encode_many(
+    prev_ids: Sequence[int],
+    h: np.ndarray,
+    c: np.ndarray,
+    contexts: Sequence[tuple[str, ...] | None],
+    fingerprint: bytes,
+) -> list[bytes]:
+    """The tokens of N states: ``prev_ids`` [N], ``h``, ``c`` [L, N, H], an n-gram context (or None) each."""
+    layers, _, hidden = h.shape
+    records = np.zeros(len(contexts), _record(layers, hidden))
+    records["version"] = VERSION
+    records["mark"] = fingerprint[:FINGERPRINT_BYTES]
+    records["flags"] = [0 if context is None else HAS_NGRAM_CONTEXT for context in contexts]
+    records["prev_id"] = prev_ids
+    records["h"] = h.transpose(1, 0, 2)
+    records["c"] = c.transpose(1, 0, 2)
+    raw, size = records.tobytes(), records.itemsize
+    tokens = []
+    for i, context in enumerate(contexts):
+        body = raw[i * size : (i + 1) * size]
+        if context is not None:
+            body += " ".join(context).encode("utf-8")
+        tokens.append(body + _CRC.pack(zlib.crc32(body)))
+    return tokens
 
 
 def decode(token: bytes, fingerprint: bytes, layers: int, hidden: int, vocab_size: int) -> DecoderState:
     """The state in ``token``, checked against the model that is to continue from it."""
-    arrays = 4 * layers * hidden
-    if len(token) < _HEADER.size + 2 * arrays + _CRC.size:
-        raise StateError(
-            f"state: {len(token)} bytes, expected at least {_HEADER.size + 2 * arrays + _CRC.size} for this model "
-            "(pass the state of an earlier response unchanged, or an empty state to start a sentence)"
-        )
-    body, (crc,) = token[: -_CRC.size], _CRC.unpack(token[-_CRC.size :])
-    if zlib.crc32(body) != crc:
-        raise StateError("state: checksum mismatch (the token was changed or cut; pass it back unchanged)")
-    version, mark, flags, prev_id = _HEADER.unpack_from(body)
-    if version != VERSION:
-        raise StateError(f"state: version {version}, this server reads version {VERSION}")
-    if mark != fingerprint[:FINGERPRINT_BYTES]:
-        raise OtherModelState(
-            f"state: made by another model (fingerprint {mark.hex()}, this model's is "
-            f"{fingerprint[:FINGERPRINT_BYTES].hex()}); continue a sentence with the model that started it",
-            mark.hex(),
-        )
-    if flags & ~HAS_NGRAM_CONTEXT:
-        raise StateError(f"state: unknown flags {flags:#04x}")
-    if prev_id >= vocab_size:
-        raise StateError(f"state: previous word id {prev_id} is outside the vocabulary of {vocab_size}")
-    start = _HEADER.size
-    h = np.frombuffer(body, dtype="<f4", count=layers * hidden, offset=start).reshape(layers, hidden)
-    c = np.frombuffer(body, dtype="<f4", count=layers * hidden, offset=start + arrays).reshape(layers, hidden)
-    if not (np.isfinite(h).all() and np.isfinite(c).all()):
-        raise StateError("state: the LSTM state holds non-finite numbers")
-    rest = body[start + 2 * arrays :]
-    context = None
-    if flags & HAS_NGRAM_CONTEXT:
-        try:
-            context = tuple(rest.decode("utf-8").split(" ")) if rest else ()
-        except UnicodeDecodeError as e:
-            raise StateError(f"state: n-gram context is not valid UTF-8 ({e.reason})") from e
-    elif rest:
-        raise StateError(f"state: {len(rest)} bytes after the LSTM state, expected none")
-    return DecoderState(prev_id, h.astype(np.float32), c.astype(np.float32), context)
+    prev_ids, h, c, contexts = decode_many([token], fingerprint, layers, hidden, vocab_size)
+    return DecoderState(int(prev_ids[0]), h[:, 0], c[:, 0], contexts[0])
+
+
+def decode_many(
+    tokens: Sequence[bytes],
+    fingerprint: bytes,
+    layers: int,
+    hidden: int,
+    vocab_size: int,
+    where: Callable[[int], str] = lambda i: "state",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[str, ...] | None]]:
+    """The states in ``tokens``, checked against the model that is to continue from them: ``prev_ids`` [N] (int64),
+    ``h``, ``c`` [L, N, H] (float32, contiguous) and the n-gram contexts. A bad token raises :class:`StateError`
+    whose message starts with ``where(i)``. Each token's frame and header are checked in turn, then the numbers of
+    all tokens at once, then their contexts (so of several bad tokens, the first named may not be the first bad)."""
+    record = _record(layers, hidden)
+    mark = fingerprint[:FINGERPRINT_BYTES]
+    for i, token in enumerate(tokens):
+        if len(token) < record.itemsize + _CRC.size:
+            raise StateError(
+                f"{where(i)}: {len(token)} bytes, expected at least {record.itemsize + _CRC.size} for this model "
+                "(pass the state of an earlier response unchanged, or an empty state to start a sentence)"
+            )
+        if zlib.crc32(memoryview(token)[: -_CRC.size]) != _CRC.unpack_from(token, len(token) - _CRC.size)[0]:
+            raise StateError(f"{where(i)}: checksum mismatch (the token was changed or cut; pass it back unchanged)")
+        version, theirs, flags, prev_id = _HEADER.unpack_from(token)
+        if version != VERSION:
+            raise StateError(f"{where(i)}: version {version}, this server reads version {VERSION}")
+        if theirs != mark:
+            raise OtherModelState(
+                f"{where(i)}: made by another model (fingerprint {theirs.hex()}, this model's is {mark.hex()}); "
+                "continue a sentence with the model that started it",
+                theirs.hex(),
+            )
+        if flags & ~HAS_NGRAM_CONTEXT:
+            raise StateError(f"{where(i)}: unknown flags {flags:#04x}")
+        if prev_id >= vocab_size:
+            raise StateError(f"{where(i)}: previous word id {prev_id} is outside the vocabulary of {vocab_size}")
+    records = np.frombuffer(b"".join(token[: record.itemsize] for token in tokens), record)
+    finite = np.isfinite(records["h"]).all(axis=(1, 2)) & np.isfinite(records["c"]).all(axis=(1, 2))
+    if not finite.all():
+        raise StateError(f"{where(int(np.argmin(finite)))}: the LSTM state holds non-finite numbers")
+    contexts = []
+    for i, token in enumerate(tokens):
+        rest = token[record.itemsize : -_CRC.size]
+        if token[_FLAGS] & HAS_NGRAM_CONTEXT:
+            try:
+                contexts.append(tuple(rest.decode("utf-8").split(" ")) if rest else ())
+            except UnicodeDecodeError as e:
+                raise StateError(f"{where(i)}: n-gram context is not valid UTF-8 ({e.reason})") from e
+        elif rest:
+            raise StateError(f"{where(i)}: {len(rest)} bytes after the LSTM state, expected none")
+        else:
+            contexts.append(None)
+    h = np.ascontiguousarray(records["h"].transpose(1, 0, 2), dtype=np.float32)
+    c = np.ascontiguousarray(records["c"].transpose(1, 0, 2), dtype=np.float32)
+    return records["prev_id"].astype(np.int64), h, c, contexts

@@ -13,7 +13,7 @@ between calls.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,13 +102,21 @@ class InterpolatedLM:
         other way round, the context is ignored."""
         if not token:
             return self.start_state()
+        prev, h, c, (context,) = self._decode([token], lambda i: "state")
+        return DecoderState(int(prev[0]), h[:, 0], c[:, 0], context)
+
+    def _decode(self, tokens: Sequence[bytes], where: Callable[[int], str]) -> tuple:
+        """``decoder_state.decode_many`` for this model, and the n-gram contexts as :meth:`read_state` says."""
         scorer = self.scorer
-        state = decoder_state.decode(token, self.fingerprint, scorer.layers, scorer.state_size, len(scorer.index))
-        if self.ngram is not None and state.ngram_context is None:
-            raise StateError("state: made without an n-gram context, but this model has an n-gram")
+        prev, h, c, contexts = decoder_state.decode_many(
+            tokens, self.fingerprint, scorer.layers, scorer.state_size, len(scorer.index), where
+        )
         if self.ngram is None:
-            state.ngram_context = None
-        return state
+            return prev, h, c, [None] * len(tokens)
+        for i, context in enumerate(contexts):
+            if context is None:
+                raise StateError(f"{where(i)}: made without an n-gram context, but this model has an n-gram")
+        return prev, h, c, contexts
 
     def check_candidates(self, candidates: Sequence[str], where: str = "candidates") -> None:
         bos = self.scorer.bundle.tokens[BOS]
@@ -120,86 +128,113 @@ class InterpolatedLM:
             if word == bos:
                 raise ValueError(f"{where}[{i}] is {word!r}: sentences start from the empty state")
 
+    def read_states(
+        self, states: Sequence[bytes | DecoderState], where: Callable[[int], str] = lambda i: f"items[{i}].state"
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+        """:meth:`read_state` of a batch's items (tokens, b"" for a sentence start, or objects taken as they are), as
+        the step graph takes them: ``prev_ids`` [B], ``h``, ``c`` [L, B, H], and each item's n-gram context. Tokens
+        are decoded together (``decoder_state.decode_many``); an error's message starts with ``where(i)``."""
+        prev = np.full(len(states), BOS, dtype=np.int64)
+        h, c = self.scorer.zero_state(len(states))
+        contexts = [self.start_state().ngram_context] * len(states)
+        tokens = [i for i, state in enumerate(states) if not isinstance(state, DecoderState) and state]
+        if tokens:
+            prev[tokens], h[:, tokens], c[:, tokens], read = self._decode(
+                [states[i] for i in tokens], lambda k: where(tokens[k])
+            )
+            for i, context in zip(tokens, read, strict=True):
+                contexts[i] = context
+        for i, state in enumerate(states):
+            if isinstance(state, DecoderState):
+                prev[i], h[:, i], c[:, i], contexts[i] = state.prev_id, state.h, state.c, state.ngram_context
+        return prev, h, c, contexts
+
     def next_words_batch(self, steps: Sequence[Step]) -> list[list[NextWord]]:
         """:meth:`next_words` with candidates for many decoder states at once (the hypotheses of a beam, of several
         decoders): one run of the ``step`` graph for all of them (an open-vocabulary model: one per piece depth),
         candidates padded to the longest list. Each item's words are scored exactly as :meth:`next_words` would
-        score them alone (the batched graph agrees to float precision); errors name the item (``items[i]``)."""
+        score them alone (the batched graph agrees to float precision); errors name the item (``items[i]``).
+        Around the graph, the work is done over all the batch's candidates at once (states decoded and encoded
+        together, one interpolation): per candidate, Python only queries KenLM and makes the answer's objects."""
         scorer = self.scorer
-        states = []
         for i, step in enumerate(steps):
             if step.states not in STEP_STATES:
                 raise ValueError(f"items[{i}].states = {step.states!r}: expected one of {list(STEP_STATES)}")
             self.check_candidates(step.candidates, f"items[{i}].candidates")
-            try:
-                states.append(step.state if isinstance(step.state, DecoderState) else self.read_state(step.state))
-            except StateError as e:
-                raise type(e)(f"items[{i}].{e.args[0]}", *e.args[1:]) from None
         if not steps:
             return []
-        prev = np.array([s.prev_id for s in states], dtype=np.int64)
-        h = np.stack([s.h for s in states], axis=1)
-        c = np.stack([s.c for s in states], axis=1)
+        prev, h, c, contexts = self.read_states([step.state for step in steps])
         words = [list(step.candidates) for step in steps]
+        counts = np.array([len(item) for item in words])
+        flat = [w for item in words for w in item]
         if scorer.pieces is not None:
             spelled = [[scorer.pieces.spell(w) for w in item] for item in words]
             results = scorer.score_continuations_batch(prev, h, c, spelled)
+            neural, ids = (np.concatenate([r[part] for r in results]) for part in (0, 1))
+            h_after, c_after = (np.concatenate([r[part] for r in results], axis=1) for part in (2, 3))
+            state_of = np.arange(len(flat))  # each candidate's own state (after its last piece but one)
         else:
-            widest = max(len(item) for item in words)
-            ids = np.full((len(steps), widest), UNK, dtype=np.int64)
-            for b, item in enumerate(words):
-                ids[b, : len(item)] = [scorer.index.get(w, UNK) for w in item]
+            mask = np.arange(counts.max()) < counts[:, None]
+            ids = np.full(mask.shape, UNK, dtype=np.int64)
+            ids[mask] = [scorer.index.get(w, UNK) for w in flat]
             logprobs, h_out, c_out = scorer.next_word_scores(prev, h, c, ids)
-            results = []
-            for b, item in enumerate(words):
-                # a copy per state: a state kept (in a cache) must not hold the whole batch's array alive
-                h_b, c_b = h_out[:, b].copy(), c_out[:, b].copy()
-                k = len(item)
-                results.append(
-                    (
-                        logprobs[b, :k].astype(np.float64),
-                        ids[b, :k],
-                        np.broadcast_to(h_b[:, None], (h_b.shape[0], k, h_b.shape[1])),
-                        np.broadcast_to(c_b[:, None], (c_b.shape[0], k, c_b.shape[1])),
-                    )
-                )
-        return [
-            self._words_after(state, item, *result, step.states)
-            for state, item, result, step in zip(states, words, results, steps, strict=True)
-        ]
+            neural, ids = logprobs[mask].astype(np.float64), ids[mask]
+            h_after, c_after = h_out, c_out
+            state_of = np.repeat(np.arange(len(steps)), counts)  # every candidate goes on from its item's state
+        modes = [step.states for step in steps]
+        out = self._words_after(flat, counts, contexts, neural, ids, h_after, c_after, state_of, modes)
+        ends = np.cumsum(counts).tolist()
+        return [out[end - k : end] for end, k in zip(ends, counts.tolist(), strict=True)]
 
-    def _words_after(self, state: DecoderState, words, neural, ids, h_after, c_after, states: str) -> list[NextWord]:
-        """The NextWords of one state's candidates from their neural scores, last token ids and the states before
-        those tokens (``[L, K, H]``): the n-gram's scores and contexts added, the interpolation, the new states."""
+    def _words_after(self, words, counts, contexts, neural, ids, h, c, state_of, modes) -> list[NextWord]:
+        """The NextWords of a batch's candidates (``words``, ``counts[b]`` of item b, in order) from their neural
+        scores, last token ids and the states before those tokens (``h``, ``c`` [L, S, H], candidate n's at
+        ``state_of[n]``): the n-gram's scores after each item's ``contexts[b]``, the interpolation, and the new
+        states as each item's ``modes[b]`` asks."""
         ngram_words = in_vocabulary(words, self.scorer.known_words)
-        ngram_state = ngram = interpolated = None
+        ngram = interpolated = None
+        after_contexts: list = [None] * len(words)
         if self.ngram is not None:
-            ngram_state = self.ngram.state_from_context(list(state.ngram_context))
-            ngram = self.ngram.next_word_logprobs(ngram_state, ngram_words)
+            starts = np.cumsum(counts) - counts
+            per_item = [
+                ngram_words[start : start + k] for start, k in zip(starts.tolist(), counts.tolist(), strict=True)
+            ]
+            ngram = self.ngram.next_word_logprobs_after(contexts, per_item)
             if self.lam is not None:
                 interpolated = np.logaddexp(np.log(self.lam) + neural, np.log1p(-self.lam) + ngram)
-        out = []
-        for k, word in enumerate(words):
-            token_out, after = b"", None
-            if states != "none":
-                context = None
-                if ngram_state is not None:
-                    context = tuple(self.ngram.context_words(self.ngram.step(ngram_state, ngram_words[k])[1]))
-                after = DecoderState(int(ids[k]), h_after[:, k], c_after[:, k], context)
-                if states == "tokens":
-                    token_out, after = decoder_state.encode(after, self.fingerprint), None
-            out.append(
-                NextWord(
-                    word,
-                    float(neural[k]),
-                    None if ngram is None else float(ngram[k]),
-                    None if interpolated is None else float(interpolated[k]),
-                    word not in self.scorer.known_words,
-                    token_out,
-                    after,
-                )
+            after_contexts = [
+                self.ngram.context_after(context, word) if mode != "none" else None
+                for context, item, mode in zip(contexts, per_item, modes, strict=True)
+                for word in item
+            ]
+        row_modes = np.repeat(np.array(modes), counts)
+        tokens, afters = [b""] * len(words), [None] * len(words)
+        rows = np.flatnonzero(row_modes == "tokens")
+        if len(rows):
+            at = state_of[rows]
+            made = decoder_state.encode_many(
+                ids[rows], h[:, at], c[:, at], [after_contexts[r] for r in rows], self.fingerprint
             )
-        return out
+            for row, token in zip(rows.tolist(), made, strict=True):
+                tokens[row] = token
+        for row in np.flatnonzero(row_modes == "objects").tolist():
+            # a copy per state: a state kept (in a cache) must not hold the whole batch's array alive
+            at = state_of[row]
+            afters[row] = DecoderState(int(ids[row]), h[:, at].copy(), c[:, at].copy(), after_contexts[row])
+        known = self.scorer.known_words
+        none = [None] * len(words)
+        return [
+            NextWord(word, *fields, word not in known, token, after)
+            for word, *fields, token, after in zip(
+                words,
+                neural.tolist(),
+                none if ngram is None else ngram.tolist(),
+                none if interpolated is None else interpolated.tolist(),
+                tokens,
+                afters,
+                strict=True,
+            )
+        ]
 
     def next_words(
         self, token: bytes, candidates: Sequence[str] | None = None, top_k: int = 0, states: bool = True
@@ -249,23 +284,23 @@ class InterpolatedLM:
         if top_k:
             best = interpolated if interpolated is not None else neural
             chosen = np.argsort(-best, kind="stable")[:top_k]
-        out = []
-        for k in chosen:
-            token_out = b""
-            if states:
-                context = None
-                if ngram_state is not None:
-                    context = tuple(self.ngram.context_words(self.ngram.step(ngram_state, ngram_words[k])[1]))
-                after = DecoderState(int(ids[k]), h_after[:, k], c_after[:, k], context)
-                token_out = decoder_state.encode(after, self.fingerprint)
-            out.append(
-                NextWord(
-                    words[k],
-                    float(neural[k]),
-                    None if ngram is None else float(ngram[k]),
-                    None if interpolated is None else float(interpolated[k]),
-                    words[k] not in scorer.known_words,
-                    token_out,
-                )
+        tokens = [b""] * len(chosen)
+        if states:  # encoded together (``decoder_state.encode_many``)
+            contexts = [
+                None if ngram_state is None else self.ngram.context_after(ngram_state.context, ngram_words[k])
+                for k in chosen
+            ]
+            tokens = decoder_state.encode_many(
+                ids[chosen], h_after[:, chosen], c_after[:, chosen], contexts, self.fingerprint
             )
-        return out
+        return [
+            NextWord(
+                words[k],
+                float(neural[k]),
+                None if ngram is None else float(ngram[k]),
+                None if interpolated is None else float(interpolated[k]),
+                words[k] not in scorer.known_words,
+                token,
+            )
+            for k, token in zip(chosen.tolist(), tokens, strict=True)
+        ]

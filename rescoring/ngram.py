@@ -16,7 +16,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +91,7 @@ class NgramLM:
         """ln p(word | state) and the state after it; ``word`` may be ``</s>``."""
         out = kenlm.State()
         log10 = self.model.BaseScore(state.kenlm, word, out)
-        return log10 * LN10, NgramState(out, self._context((*state.context, word)))
+        return log10 * LN10, NgramState(out, self.context_after(state.context, word))
 
     def next_word_logprobs(self, state: NgramState, words: list[str]) -> np.ndarray:
         """ln p(word | state) for each of ``words`` (a decoder's candidates, or a whole vocabulary), without building
@@ -100,8 +100,22 @@ class NgramLM:
         log10 = [self.model.BaseScore(state.kenlm, word, scratch) for word in words]
         return np.array(log10, dtype=np.float64) * LN10
 
+    def next_word_logprobs_after(self, contexts: Sequence[Sequence[str]], words: Sequence[Sequence[str]]) -> np.ndarray:
+        """:meth:`next_word_logprobs` of ``words[b]`` after each of ``contexts`` (as :meth:`context_words` gives
+        them), flat: a beam step's n-gram scores in one call, one array at the end instead of one per hypothesis."""
+        model, scratch, log10 = self.model, kenlm.State(), []
+        for context, item in zip(contexts, words, strict=True):
+            state = self.state_from_context(list(context)).kenlm
+            log10.extend([model.BaseScore(state, word, scratch) for word in item])
+        return np.array(log10, dtype=np.float64) * LN10
+
     def context_words(self, state: NgramState) -> list[str]:
         return list(state.context)
+
+    def context_after(self, context: Sequence[str], word: str) -> tuple[str, ...]:
+        """The context words of the state after ``word`` (those of :meth:`step`), without asking KenLM: what a decoder
+        state token carries."""
+        return self._context((*context, word))
 
     def state_from_context(self, words: list[str]) -> NgramState:
         """The state after ``words`` (as :meth:`context_words` gives them): KenLM's state depends on nothing older."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,11 +128,15 @@ class NgramMixture:
     def step(self, state: MixtureState, word: str) -> tuple[float, MixtureState]:
         """ln p_mix(word | state) and the state after it; ``word`` may be ``</s>``."""
         steps = [m.step(s, word) for m, s in zip(self.models, state.components, strict=True)]
-        after = MixtureState(tuple(s for _, s in steps), self._context((*state.context, word)))
+        after = MixtureState(tuple(s for _, s in steps), self.context_after(state.context, word))
         return float(self._mixed(np.array([[logprob] for logprob, _ in steps]))[0]), after
 
     def next_word_logprobs(self, state: MixtureState, words: list[str]) -> np.ndarray:
         per_model = [m.next_word_logprobs(s, words) for m, s in zip(self.models, state.components, strict=True)]
+        return self._mixed(np.stack(per_model))
+
+    def next_word_logprobs_after(self, contexts: Sequence[Sequence[str]], words: Sequence[Sequence[str]]) -> np.ndarray:
+        per_model = [m.next_word_logprobs_after(contexts, words) for m in self.models]
         return self._mixed(np.stack(per_model))
 
     def state_from_context(self, words: list[str]) -> MixtureState:
@@ -142,6 +146,7 @@ class NgramMixture:
     # NgramLM's own: written in terms of the methods above, the context words and the order
     score = NgramLM.score
     context_words = NgramLM.context_words
+    context_after = NgramLM.context_after
     _context = NgramLM._context
     state_bytes = NgramLM.state_bytes
     state_from_bytes = NgramLM.state_from_bytes
