@@ -51,13 +51,19 @@ def sentence_score(scores: TokenScores, per_token: bool) -> pb.SentenceScore:
 # -- ScoreNextWords ---------------------------------------------------------------------------------------------
 
 
-def next_word(word: NextWord) -> pb.NextWord:
-    message = pb.NextWord(word=word.word, logprob=word.logprob, neural=word.neural, oov=word.oov, state=word.state)
-    if word.ngram is not None:
-        message.ngram = word.ngram
-    if word.interpolated is not None:
-        message.interpolated = word.interpolated
-    return message
+def add_next_word(add, word: NextWord) -> pb.NextWord:
+    """``word`` added to a repeated NextWord field by the field's ``add``: made in place, since a message made first
+    is copied into the field, state token and all (a beam step answers hundreds of words). None leaves a field
+    unset."""
+    return add(
+        word=word.word,
+        logprob=word.logprob,
+        neural=word.neural,
+        ngram=word.ngram,
+        interpolated=word.interpolated,
+        oov=word.oov,
+        state=word.state,
+    )
 
 
 # -- RescoreNBest / RescoreKBest --------------------------------------------------------------------------------

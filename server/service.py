@@ -356,11 +356,10 @@ class LMServicer:
         except OtherModelState as e:
             raise self.other_model_state(model, e, e.fingerprint) from None
         fields["tokens"] = len(words)
-        return pb.ScoreNextWordsResponse(
-            model=model.name,
-            normalisation=messages.normalisation(model),
-            words=[messages.next_word(w) for w in words],
-        )
+        response = pb.ScoreNextWordsResponse(model=model.name, normalisation=messages.normalisation(model))
+        for word in words:
+            messages.add_next_word(response.words.add, word)
+        return response
 
     async def ScoreNextWordsBatch(
         self, request: pb.ScoreNextWordsBatchRequest, context, fields
@@ -400,9 +399,9 @@ class LMServicer:
         for i, item in enumerate(items):
             if len(item.candidates) > limit:
                 raise too_many(f"items[{i}].candidates", len(item.candidates), limit, "split the item")
-            if item.state and item.state_id:
+            state = item.state  # (each read of a bytes field copies it)
+            if state and item.state_id:
                 raise invalid(f"items[{i}]: give state or state_id, not both")
-            state = item.state
             if item.state_id:
                 try:
                     entry = cache.get(item.state_id)
@@ -426,12 +425,11 @@ class LMServicer:
             raise self.other_model_state(model, e, e.fingerprint) from None
         response = pb.ScoreNextWordsBatchResponse(model=model.name, normalisation=messages.normalisation(model))
         for words in results:
-            out = response.items.add()
+            add = response.items.add().words.add
             for word in words:
-                message = messages.next_word(word)
+                message = messages.add_next_word(add, word)
                 if word.after is not None:
                     message.state_id = cache.put(model.name, model.lm.fingerprint, word.after)
-                out.words.append(message)
         fields["tokens"] = sum(len(words) for words in results)
         fields["items"] = len(steps)
         if cache is not None and self.metrics:
