@@ -1,6 +1,6 @@
 """Beam steps against lm-serve: 16 concurrent decoders, beam 32 -> beam_step_load.json
 
-    python -m benchmarks.beam_step_load [--decoders 16] [--beam 32] [--steps 100]
+    python -m benchmarks.beam_step_load [--decoders 16] [--beam 32] [--steps 100] [--results DIR]
 
 A decoder walks LibriSpeech dev_other references word by word with a beam of ``--beam`` hypotheses: at each step
 every hypothesis asks for ``--candidates`` next words (hypothesis 0 the reference's next word, the others random
@@ -35,6 +35,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from benchmarks import common
 from benchmarks.common import write_result
 from benchmarks.decoding import BUNDLE, LAMBDA, NGRAM, NORMALIZE, cpu_seconds, percentiles, serve_config, walk_inputs
 from lmserve.rescoring.client import next_words_batch_request
@@ -149,7 +150,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--texts", type=Path, help="(tests) sentences to walk instead of LibriSpeech's")
     parser.add_argument("--no-write", action="store_true", help="print the result, write no file (tests)")
+    parser.add_argument(
+        "--results", type=Path, help="write the result file into this folder (default: benchmarks/results)"
+    )
     args = parser.parse_args(argv)
+    if args.results:
+        common.RESULTS = args.results
     normalize, sentences, vocab, ngram = walk_inputs(args)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
