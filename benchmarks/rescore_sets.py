@@ -2,7 +2,8 @@
 
     python -m benchmarks.rescore_sets wmt22 --lm var/bundles/english_lm --ngram var/ngrams/english_4gram.bin
     python -m benchmarks.rescore_sets hyporadise --lm ... --ngram ...
-    python -m benchmarks.rescore_sets atis --lm ... --ngram ... --atis-ngram-dir var/atis
+    python -m benchmarks.rescore_sets atis --lm ... --ngram ... --test-lm ... --test-ngram ... \\
+        --general-lm ... --general-ngram ... --lm-text ...     # or --jackknife-* instead of --lm/--ngram (below)
 
 The protocol (``benchmarks.rescore_protocol``'s, generalised to MT and to sets without a dev list):
 
@@ -18,22 +19,53 @@ MT figures are BLEU (the tuned metric) and chrF with sacrebleu's signatures, aga
 system in name order: the lists have no decoder order) and against the best single system (the highest corpus BLEU
 on the whole set, as if chosen with the references; per fold that system's BLEU on the fold), each with a paired
 bootstrap. One recipe per task, the same for every set of it, so that it can be judged on sets it was not made on.
+
+ATIS with jackknifed LMs, so that the weights tune on all 3,964 lists of train_atis, each scored by LMs that never
+saw its reference: train_atis's references (``var/atis/train_all.txt``, ``lm-rescore references ... --normalize
+librispeech``) in the benchmark's own 5 contiguous folds, then per fold k the general LMs adapted on the other four
+as the LMs that score test_atis are adapted on all five (docs/rescoring-asr.md), and the benchmark. On a CPU the
+adaptation stops after one epoch without a better validation perplexity, at most 6 (``configs/adapt_atis.toml``
+waits 3 of 20; its two GPU runs had their best epochs at 3 and 4 and only worse ones after them, so waiting 1 keeps
+their checkpoints at less cost), on one thread (on 2 cores busy with other work, 2 threads took 11 min for an epoch,
+1 thread 80 s)::
+
+    python -c 'from benchmarks.rescore_sets import write_folds; write_folds("var/atis/train_all.txt", 5, "var/atis/jk")'
+    for k in 0 1 2 3 4; do
+      lm-train fit configs/adapt_atis.toml --init-from var/runs/english_lm_gpu --out var/runs/atis_jk/k$k \\
+        --set "data.train=\\"var/atis/jk/k${k}_train.txt\\"" --set "data.test=\\"var/atis/jk/k${k}_heldout.txt\\"" \\
+        --set train.epochs=6 --set train.early_stop_patience=1 --set train.threads=1
+      lm-train export --checkpoint var/runs/atis_jk/k$k --out var/bundles/english_lm_atis_jk$k \\
+        --heldout var/atis/jk/k${k}_heldout.txt
+      lm-rescore ngram build --order 4 --text var/runs/atis_jk/k$k/carved/train.txt --like var/bundles/english_lm \\
+        --discount-fallback --out var/ngrams/atis_jk${k}_4gram
+      lm-rescore ngram mix --ngram var/ngrams/english_4gram.bin,var/ngrams/atis_jk${k}_4gram.bin \\
+        --heldout var/runs/atis_jk/k$k/carved/valid.txt --like var/bundles/english_lm --out var/ngrams/atis_jk${k}_mix.json
+    done
+    python -m benchmarks.rescore_sets atis --jackknife-lm 'var/bundles/english_lm_atis_jk{k}' \\
+        --jackknife-ngram 'var/ngrams/atis_jk{k}_mix.json' --jackknife-text 'var/atis/jk/k{k}_train.txt' \\
+        --test-lm var/bundles/english_lm_atis_all --test-ngram var/ngrams/atis_all_mix.json \\
+        --general-lm var/bundles/english_lm --general-ngram var/ngrams/english_4gram.bin \\
+        --general-text var/elm_text/train.txt --lm-text var/elm_text/train.txt var/atis/train_all.txt
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import common
 from benchmarks.common import DATA_DIR as DATA
 from benchmarks.common import ROOT, write_result
 from benchmarks.rescore_protocol import kfold, leakage, system_names, transfer
 from lmserve.rescoring.nbest import NBestList, read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup
-from lmserve.rescoring.tune import parse_bounds
+from lmserve.rescoring.textnorm import PRESETS
+from lmserve.rescoring.tune import fold_indices, parse_bounds
 
 MAX_WORDS = 1000  # zh-en segment 926 holds 248-word translations
+NORMALIZE = "librispeech"  # the hypotheses in the LMs' text form (rescoring.textnorm)
 # Each task's recipe and its ablations (LM alone, consensus alone, both): features and the one fixed at weight 1
 # (the scale), the same recipe for every set of a task, so that it can be judged on sets it was not made on. MT: the
 # system indicators are added inside a pair (their systems differ between pairs); consensus_chrf is the base where it
@@ -55,14 +87,23 @@ BOUNDS = "neural=0:,ngram=0:"  # an LM weight below 0 would reward what the LM f
 SEARCH = {"restarts": 6, "penalty": 0.01, "bounds": parse_bounds(BOUNDS)}
 
 
+def list_name(path: Path) -> str:
+    return path.name.split(".")[0]
+
+
+def cache_name(path: Path, span: tuple[int, int] | None = None) -> str:
+    """The LM score cache of the lists of ``path`` (of its entries ``span`` only, when given), under a models' folder."""
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    return f"{list_name(path)}-{key}{f'-{span[0]}-{span[1]}' if span else ''}.lmscores.jsonl"
+
+
 def load(path: Path, models: LanguageModels, cache: Path):
     nbest = read_nbest(path, max_words=MAX_WORDS)
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
-    return nbest, models.scores(nbest, cache / f"{path.name.split('.')[0]}-{key}.lmscores.jsonl", progress=True)
+    return nbest, models.scores(nbest, cache / cache_name(path), progress=True)
 
 
 def load_models(args, lm: Path, ngram: Path) -> tuple[LanguageModels, Path]:
-    models = LanguageModels.load(lm, ngram, "librispeech", args.threads)
+    models = LanguageModels.load(lm, ngram, NORMALIZE, args.threads)
     return models, (args.cache_dir or ROOT / "var" / "cache") / f"{Path(lm).name}__{Path(ngram).stem}"
 
 
@@ -167,42 +208,144 @@ def run_hyporadise(args) -> None:
     )
 
 
-ATIS_TUNE_FROM = 3171  # train_atis: the tuning LMs adapt on entries before it (80%), the weights tune on the rest
+# train_atis without --jackknife-*: the tuning LMs adapt on the entries before it (80%), the weights tune on the rest
+ATIS_TUNE_FROM = 3171
 ATIS_RECIPES = {name: (f.replace("prior", "am_score"), "am_score") for name, (f, _) in ASR_RECIPES.items()}
 
 
-def run_atis(args) -> None:
-    """Weights tuned on the lists of train_atis[ATIS_TUNE_FROM:] with LMs adapted on the references before it
-    (``--lm``, ``--ngram``: the tuning lists' references unseen, so that the LM weights are not tuned on text the LMs
-    know), then applied to test_atis scored by LMs adapted on all of train_atis's references (``--test-lm``,
-    ``--test-ngram``; by default the tuning LMs), as a user adapts on all the in-domain text there is. The general LMs
-    (``--general-lm``, ``--general-ngram``) are the ablation without adaptation."""
-    kinds = {
-        "general": ((args.general_lm, args.general_ngram),) * 2,
-        "adapted": ((args.lm, args.ngram), (args.test_lm or args.lm, args.test_ngram or args.ngram)),
+def atis_folds(n: int, k: int) -> list[tuple[int, int]]:
+    """The jackknife's folds of train_atis: ``k`` contiguous spans [a, b) of its ``n`` lists."""
+    return [(int(f[0]), int(f[-1]) + 1) for f in fold_indices(n, k, contiguous=True)]
+
+
+def write_folds(text: str | Path, k: int, out: str | Path) -> None:
+    """``OUT/k{j}_train.txt`` (the lines of ``text`` outside fold j: what fold j's LMs adapt on) and
+    ``OUT/k{j}_heldout.txt`` (fold j's lines), for the ``k`` folds of ``atis_folds`` (one line per list)."""
+    lines = Path(text).read_text(encoding="utf-8").splitlines(keepends=True)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for j, (a, b) in enumerate(atis_folds(len(lines), k)):
+        Path(out, f"k{j}_train.txt").write_text("".join(lines[:a] + lines[b:]), encoding="utf-8")
+        Path(out, f"k{j}_heldout.txt").write_text("".join(lines[a:b]), encoding="utf-8")
+
+
+@dataclass
+class Part:
+    """Lists of a set, the LMs that score them, and every text behind those LMs (the leakage guard's)."""
+
+    nbest: NBestList
+    cache: str  # the LM score cache's file name (``cache_name``)
+    lm: Path
+    ngram: Path
+    texts: tuple[Path, ...]
+
+
+def atis_parts(args, train_path: Path, test_path: Path) -> dict[str, tuple[list[Part], Part]]:
+    """Per kind of LMs (general, adapted): the parts of train_atis the weights tune on, each with its own LMs, and
+    test_atis with its LMs. Adapted, with ``--jackknife-lm/-ngram/-text`` (``{k}`` in each: the fold): every list of
+    train_atis, fold k of ``--folds`` contiguous folds scored by LMs adapted on the references of the other folds;
+    without: the lists of train_atis[ATIS_TUNE_FROM:] scored by ``--lm``/``--ngram``."""
+    train = read_nbest(train_path, max_words=MAX_WORDS)
+    test = NBestList(read_nbest(test_path, max_words=MAX_WORDS).entries, list_name(test_path))
+    general_text = tuple(args.general_text or args.lm_text)
+    if args.jackknife_lm:
+        spans = atis_folds(len(train), args.folds)
+        adapted = [
+            (
+                Path(args.jackknife_lm.format(k=k)),
+                Path(args.jackknife_ngram.format(k=k)),
+                (*general_text, Path(args.jackknife_text.format(k=k))),
+            )
+            for k in range(len(spans))
+        ]
+    else:
+        spans = [(ATIS_TUNE_FROM, len(train))]
+        adapted = [(args.lm, args.ngram, tuple(args.lm_text))]
+    general = (args.general_lm, args.general_ngram, general_text)
+
+    def parts(models: list[tuple[Path, Path, tuple[Path, ...]]]) -> list[Part]:
+        return [
+            Part(NBestList(train.entries[a:b], f"{list_name(train_path)}[{a}:{b}]"), cache_name(train_path, (a, b)), *m)
+            for (a, b), m in zip(spans, models, strict=True)
+        ]
+
+    test_lms = (args.test_lm or args.lm, args.test_ngram or args.ngram, tuple(args.lm_text))
+    return {
+        "general": (parts([general] * len(spans)), Part(test, cache_name(test_path), *general)),
+        "adapted": (parts(adapted), Part(test, cache_name(test_path), *test_lms)),
     }
+
+
+def scored(args, parts: list[Part]) -> list[tuple[list, dict]]:
+    """Each part's LM scores (cached per part and models) and what scored it: the models' paths and the bundle's
+    own held-out perplexity (``lm-train export --heldout``); consecutive parts with the same LMs load them once."""
+    out, models, cache, loaded = [], None, None, None
+    for part in parts:
+        if loaded != (part.lm, part.ngram):
+            models, cache = load_models(args, part.lm, part.ngram)
+            loaded = (part.lm, part.ngram)
+        heldout = models.scorer.bundle.manifest.get("heldout") or {}
+        about = {**models.paths, "bundle_heldout": {k: heldout.get(k) for k in ("file", "sentences", "ppl")}}
+        out.append((models.scores(part.nbest, cache / part.cache, progress=True), about))
+    return out
+
+
+def guarded(parts: list[Part], normalizer) -> dict[str, dict]:
+    """The leakage guard per part, one pass over each distinct set of LM texts."""
+    by_texts: dict[tuple[Path, ...], dict[str, NBestList]] = {}
+    for part in parts:
+        by_texts.setdefault(part.texts, {})[part.nbest.name] = part.nbest
+    result = {}
+    for texts, lists in by_texts.items():
+        result.update(leakage(lists, list(texts), normalizer))
+    return result
+
+
+def run_atis(args) -> None:
+    """Weights tuned on train_atis's lists scored by LMs that never saw those lists' references, then applied to
+    test_atis scored by LMs adapted on all of train_atis's references (``--test-lm``, ``--test-ngram``), as a user
+    adapts on all the in-domain text there is. The tuning lists (``atis_parts``): with ``--jackknife-*``, all of
+    train_atis, fold k scored by LMs adapted on the other folds' references; without, train_atis[ATIS_TUNE_FROM:]
+    scored by ``--lm``/``--ngram``, adapted on the references before it. The general LMs (``--general-lm``,
+    ``--general-ngram``) are the ablation without adaptation. Besides the figures on test_atis, each recipe's
+    ``--folds``-fold cross-validation over the tuning lists (contiguous folds): a choice between recipes is made
+    there, never on test_atis."""
+    train_path, test_path = DATA / "hyporadise" / "train_atis.json.gz", DATA / "hyporadise" / "test_atis.json.gz"
     details = {}
-    for kind, ((lm, ngram), (test_lm, test_ngram)) in kinds.items():
-        models, cache = load_models(args, lm, ngram)
-        train, train_scores = load(DATA / "hyporadise" / "train_atis.json.gz", models, cache)
-        dev = NBestList(train.entries[ATIS_TUNE_FROM:], f"{train.name}[{ATIS_TUNE_FROM}:]")
-        test_models, test_cache = load_models(args, test_lm, test_ngram)
-        test, test_scores = load(DATA / "hyporadise" / "test_atis.json.gz", test_models, test_cache)
-        data = (dev, train_scores[ATIS_TUNE_FROM:], test, test_scores)
+    for kind, (parts, test_part) in atis_parts(args, train_path, test_path).items():
+        *tune_scores, (test_scores, test_about) = scored(args, [*parts, test_part])
+        tune_lists, scores = [p.nbest for p in parts], [s for s, _ in tune_scores]
+        data = (tune_lists, scores, test_part.nbest, test_scores)
         fig, det = ablated(lambda f, fixed, d=data: transfer(*d, Setup.parse(f), "wer", fixed, SEARCH), ATIS_RECIPES)
-        det.update({"models": models.paths, "test_models": test_models.paths})
-        det["leakage"] = leakage({"train_atis_tune": dev, "test_atis": test}, args.lm_text, models.normalizer)
+        pooled = NBestList([e for p in parts for e in p.nbest.entries], "+".join(p.nbest.name for p in parts))
+        pooled_scores = [s for part_scores in scores for s in part_scores]
+        _, cv = ablated(
+            lambda f, fixed, d=(pooled, pooled_scores): kfold(*d, Setup.parse(f), "wer", args.folds, fixed, SEARCH),
+            ATIS_RECIPES,
+        )
+        det["cv_tune_lists"] = {"folds": args.folds, "ablation": cv["ablation"], "per_fold": cv["per_fold"]}
+        det["tune_models"] = {p.nbest.name: about for p, (_, about) in zip(parts, tune_scores, strict=True)}
+        det["test_models"] = test_about
+        det["leakage"] = guarded([*parts, test_part], PRESETS[NORMALIZE])
         details[kind] = det
     adapted = details["adapted"]
     figures = {k: adapted["ablation"]["both"][k] for k in ("wer_1best", "wer_rescored")}
     figures["p_value"] = adapted["report"]["p_value"]
     figures["wer_rescored_general_lms"] = details["general"]["ablation"]["both"]["wer_rescored"]
+    if args.jackknife_lm:
+        tuned_on = (
+            f"all {sum(len(p.nbest) for p in parts)} lists of train_atis, fold k of {args.folds} contiguous folds "
+            f"scored by LMs adapted on the references of the other {args.folds - 1} folds (jackknife)"
+        )
+    else:
+        tuned_on = (
+            f"the lists of train_atis[{ATIS_TUNE_FROM}:] with LMs adapted on the references of "
+            f"train_atis[:{ATIS_TUNE_FROM}]"
+        )
     write_result(
         "rescore_atis",
         figures,
-        protocol=f"weights ({recipe_text(ATIS_RECIPES)}) tuned on the lists of train_atis[{ATIS_TUNE_FROM}:] with LMs "
-        f"adapted on the references of train_atis[:{ATIS_TUNE_FROM}], applied unchanged to test_atis scored by LMs "
-        "adapted on all of train_atis's references",
+        protocol=f"weights ({recipe_text(ATIS_RECIPES)}) tuned on {tuned_on}, applied unchanged to test_atis scored by "
+        "LMs adapted on all of train_atis's references",
         details=details,
     )
 
@@ -210,8 +353,8 @@ def run_atis(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", choices=("wmt22", "hyporadise", "atis"))
-    parser.add_argument("--lm", type=Path, required=True)
-    parser.add_argument("--ngram", type=Path, required=True)
+    parser.add_argument("--lm", type=Path, help="the LM bundle (atis: scoring the tuning lists, without --jackknife-*)")
+    parser.add_argument("--ngram", type=Path, help="the n-gram (atis: likewise)")
     parser.add_argument("--general-lm", type=Path, help="atis: the general LM bundle, for the ablation")
     parser.add_argument("--general-ngram", type=Path, help="atis: the general n-gram, for the ablation")
     parser.add_argument("--test-lm", type=Path, help="atis: the LM bundle adapted on all of train_atis")
@@ -219,12 +362,43 @@ def main() -> None:
     parser.add_argument(
         "--lm-text", type=Path, nargs="+", required=True, help="every text behind the LMs, for the leakage guard"
     )
+    parser.add_argument(
+        "--general-text", type=Path, nargs="+", help="atis: the text behind the general LMs (default: --lm-text)"
+    )
+    parser.add_argument(
+        "--jackknife-lm",
+        metavar="PATTERN",
+        help="atis: fold k's LM bundle, adapted on the references of train_atis outside fold k of --folds contiguous "
+        "folds ({k} in the pattern: 0 .. folds-1); with --jackknife-ngram and --jackknife-text the weights tune on "
+        "every train_atis list, each scored by its fold's LMs (instead of --lm/--ngram on train_atis[3171:])",
+    )
+    parser.add_argument("--jackknife-ngram", metavar="PATTERN", help="atis: fold k's n-gram (or mixture)")
+    parser.add_argument(
+        "--jackknife-text",
+        metavar="PATTERN",
+        help="atis: the in-domain text fold k's LMs adapted on, for the leakage guard (beside --general-text)",
+    )
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--cache-dir", type=Path, help="where LM score caches go, in BUNDLE__NGRAM/ (default: var/cache)"
     )
+    parser.add_argument(
+        "--results", type=Path, help="write the result files into this folder (default: benchmarks/results)"
+    )
     args = parser.parse_args()
+    jackknife = [args.jackknife_lm, args.jackknife_ngram, args.jackknife_text]
+    if any(jackknife) and not (all(jackknife) and args.task == "atis"):
+        parser.error("--jackknife-lm, --jackknife-ngram and --jackknife-text go together, with the atis task")
+    if not (args.lm and args.ngram) and not (
+        args.task == "atis" and all(jackknife) and args.test_lm and args.test_ngram
+    ):
+        parser.error("give --lm and --ngram (atis with --jackknife-*: --test-lm and --test-ngram instead)")
+    if args.task == "atis" and not (args.general_lm and args.general_ngram):
+        parser.error("atis needs --general-lm and --general-ngram, the ablation without adaptation")
+    if args.results:
+        common.RESULTS = args.results
+        common.RESULTS.mkdir(parents=True, exist_ok=True)
     {"wmt22": run_wmt22, "hyporadise": run_hyporadise, "atis": run_atis}[args.task](args)
 
 
