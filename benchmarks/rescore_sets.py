@@ -1,7 +1,8 @@
 """Rescoring where users need it: WMT22 k-best lists and ASR lists whose first pass had no LM, every figure held out.
 
     python -m benchmarks.rescore_sets wmt22 --lm var/bundles/english_lm --ngram var/ngrams/english_4gram.bin
-    python -m benchmarks.rescore_sets hyporadise --lm ... --ngram ...
+    python -m benchmarks.rescore_sets hyporadise --lm ... --ngram ... --lm-text ... \\
+        --domain td3=var/ngrams/ted_mix.json:var/english-text-ted/train.txt.gz ...   # in-domain n-grams (below)
     python -m benchmarks.rescore_sets atis --lm ... --ngram ... --test-lm ... --test-ngram ... \\
         --general-lm ... --general-ngram ... --lm-text ...     # or --jackknife-* instead of --lm/--ngram (below)
 
@@ -19,6 +20,21 @@ MT figures are BLEU (the tuned metric) and chrF with sacrebleu's signatures, aga
 system in name order: the lists have no decoder order) and against the best single system (the highest corpus BLEU
 on the whole set, as if chosen with the references; per fold that system's BLEU on the fold), each with a paired
 bootstrap. One recipe per task, the same for every set of it, so that it can be judged on sets it was not made on.
+
+HyPoradise with in-domain n-grams: english-text's sources by domain (TED talks for TED-LIUM 3, Reuters news for
+CHiME-4 and WSJ, whose prompts are WSJ news, British conversation and task dialogues for Switchboard), each a pruned
+4-gram mixed with the general 4-gram by EM on the source's own held-out documents, never on a list's references:
+
+    lm-train prepare-english --sources ted --out var/english-text-ted      # reuters -> news, cabnc,sgd -> conv
+    lm-rescore ngram build --order 4 --text var/english-text-ted/train.txt.gz --prune 0 0 1 1 \\
+        --like var/bundles/english_lm --memory 4G --out var/ngrams/ted_4gram
+    lm-rescore ngram mix --ngram var/ngrams/english_4gram.bin,var/ngrams/ted_4gram.bin \\
+        --heldout var/english-text-ted/valid.txt.gz --like var/bundles/english_lm --out var/ngrams/ted_mix.json
+    python -m benchmarks.rescore_sets hyporadise --lm var/bundles/english_lm --ngram var/ngrams/english_4gram.bin \\
+        --lm-text var/elm_text/train.txt --domain td3=var/ngrams/ted_mix.json:var/english-text-ted/train.txt.gz \\
+        chime4=var/ngrams/news_mix.json:var/english-text-news/train.txt.gz \\
+        wsj=var/ngrams/news_mix.json:var/english-text-news/train.txt.gz \\
+        swbd=var/ngrams/conv_mix.json:var/english-text-conv/train.txt.gz
 
 ATIS with jackknifed LMs, so that the weights tune on all 3,964 lists of train_atis, each scored by LMs that never
 saw its reference: train_atis's references (``var/atis/train_all.txt``, ``lm-rescore references ... --normalize
@@ -168,10 +184,30 @@ HYPORADISE = {
 }
 
 
-def run_hyporadise(args) -> None:
-    models, cache = models_and_cache(args)
-    lists = {name: load(path, models, cache) for name, path in HYPORADISE.items()}
-    leaks = leakage({name: nbest for name, (nbest, _) in lists.items()}, args.lm_text, models.normalizer)
+def domain_choices(pairs: list[str]) -> dict[str, tuple[Path, Path]]:
+    """``SET=NGRAM:TEXT`` arguments -> {set: (the set's in-domain n-gram, the text behind it)}."""
+    out = {}
+    for pair in pairs:
+        name, _, rest = pair.partition("=")
+        ngram, _, text = rest.partition(":")
+        if name not in HYPORADISE or not ngram or not text:
+            raise SystemExit(f"--domain {pair!r}: expected SET=NGRAM:TEXT with SET one of {', '.join(HYPORADISE)}")
+        out[name] = (Path(ngram), Path(text))
+    return out
+
+
+def scored_sets(args, ngrams: dict[str, Path]) -> tuple[dict[str, tuple], object]:
+    """Every HyPoradise set's list and LM scores, each set's n-gram ``ngrams[set]`` beside the neural LM."""
+    lists, normalizer = {}, None
+    for ngram in dict.fromkeys(ngrams.values()):
+        models, cache = load_models(args, args.lm, ngram)
+        normalizer = models.normalizer
+        lists |= {name: load(path, models, cache) for name, path in HYPORADISE.items() if ngrams[name] == ngram}
+    return {name: lists[name] for name in HYPORADISE}, normalizer
+
+
+def evaluated_sets(args, lists: dict[str, tuple]) -> tuple[dict, dict, dict, dict]:
+    """K-fold CV inside each set, and each set with the weights of the other three: figures and details."""
     cv, cv_details, moved, moved_details = {}, {}, {}, {}
     for name, (nbest, scores) in lists.items():
         figures, cv_details[name] = ablated(
@@ -191,19 +227,51 @@ def run_hyporadise(args) -> None:
             ASR_RECIPES,
         )
         moved.update({f"{name}_wer_1best": figures["wer_1best"], f"{name}_wer_rescored": figures["wer_rescored"]})
+    return cv, cv_details, moved, moved_details
+
+
+def run_hyporadise(args) -> None:
+    """Every set scored by the neural LM and the general n-gram (``--ngram``), and, where ``--domain`` gives one, by
+    the neural LM and the set's in-domain n-gram (the headline figures; the general ones are the ablation without
+    adaptation, ``S_wer_rescored_general``)."""
+    domains = domain_choices(args.domain or [])
+    kinds = {"general": {name: args.ngram for name in HYPORADISE}}
+    if domains:
+        kinds["adapted"] = {name: domains[name][0] if name in domains else args.ngram for name in HYPORADISE}
+    results, leaks = {}, {}
+    for kind, ngrams in kinds.items():
+        lists, normalizer = scored_sets(args, ngrams)
+        results[kind] = evaluated_sets(args, lists)
+        leaks[kind] = {}
+        for name, (nbest, _) in lists.items():
+            texts = [*args.lm_text, *([domains[name][1]] if kind == "adapted" and name in domains else [])]
+            leaks[kind] |= leakage({name: nbest}, texts, normalizer)
+    headline = "adapted" if domains else "general"
+    cv, cv_details, moved, moved_details = results[headline]
+    if domains:
+        general_cv, _, general_moved, _ = results["general"]
+        cv |= {f"{name}_wer_rescored_general": general_cv[f"{name}_wer_rescored"] for name in HYPORADISE}
+        moved |= {f"{name}_wer_rescored_general": general_moved[f"{name}_wer_rescored"] for name in HYPORADISE}
+    adaptation = (
+        "; in-domain n-grams (the set's n-gram: " + ", ".join(f"{n} {d[0].name}" for n, d in domains.items()) + ")"
+        if domains
+        else ""
+    )
+    details = {kind: {"cv": r[1], "transfer": r[3]} for kind, r in results.items()}
     write_result(
         "rescore_hyporadise_cv",
         cv,
         protocol=f"{args.folds}-fold cross-validation over contiguous utterances of each set; "
-        f"{recipe_text(ASR_RECIPES)} with {ASR_DEFINITIONS[0]}, WER tuned",
-        details=cv_details,
+        f"{recipe_text(ASR_RECIPES)} with {ASR_DEFINITIONS[0]}, WER tuned{adaptation}",
+        details={kind: d["cv"] for kind, d in details.items()},
         leakage=leaks,
     )
     write_result(
         "rescore_hyporadise_transfer",
         moved,
-        protocol=f"each set rescored with weights tuned on the union of the other three; {recipe_text(ASR_RECIPES)}",
-        details=moved_details,
+        protocol=f"each set rescored with weights tuned on the union of the other three; {recipe_text(ASR_RECIPES)}"
+        f"{adaptation}",
+        details={kind: d["transfer"] for kind, d in details.items()},
         leakage=leaks,
     )
 
@@ -377,6 +445,13 @@ def main() -> None:
         "--jackknife-text",
         metavar="PATTERN",
         help="atis: the in-domain text fold k's LMs adapted on, for the leakage guard (beside --general-text)",
+    )
+    parser.add_argument(
+        "--domain",
+        nargs="+",
+        metavar="SET=NGRAM:TEXT",
+        help="hyporadise: a set's in-domain n-gram (or mixture) and the text behind it, e.g. td3=var/ngrams/ted_mix.json:"
+        "var/english-text-ted/train.txt.gz; the sets given are also scored with it (the headline figures)",
     )
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
