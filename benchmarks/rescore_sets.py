@@ -57,9 +57,12 @@ their checkpoints at less cost), on one thread (on 2 cores busy with other work,
       lm-rescore ngram mix --ngram var/ngrams/english_4gram.bin,var/ngrams/atis_jk${k}_4gram.bin \\
         --heldout var/runs/atis_jk/k$k/carved/valid.txt --like var/bundles/english_lm --out var/ngrams/atis_jk${k}_mix.json
     done
+    # the LMs that score test_atis: the same recipe on all five folds' references (k = all, data.train =
+    # var/atis/train_all.txt), so that the features of the tuning lists and of the test lists come from LMs adapted
+    # alike (the GPU-adapted english_lm_atis_all kept its epoch 4 under patience 3: test_atis 6.25 with it)
     python -m benchmarks.rescore_sets atis --jackknife-lm 'var/bundles/english_lm_atis_jk{k}' \\
         --jackknife-ngram 'var/ngrams/atis_jk{k}_mix.json' --jackknife-text 'var/atis/jk/k{k}_train.txt' \\
-        --test-lm var/bundles/english_lm_atis_all --test-ngram var/ngrams/atis_all_mix.json \\
+        --test-lm var/bundles/english_lm_atis_jkall --test-ngram var/ngrams/atis_jkall_mix.json \\
         --general-lm var/bundles/english_lm --general-ngram var/ngrams/english_4gram.bin \\
         --general-text var/elm_text/train.txt --lm-text var/elm_text/train.txt var/atis/train_all.txt
 """
