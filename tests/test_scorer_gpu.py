@@ -36,9 +36,10 @@ def step_inputs(scorer: Scorer, rows: int, seed: int) -> tuple[np.ndarray, np.nd
 
 
 def test_io_bound_step_equals_session_run_on_the_cpu(bundles):
-    """``next_word_scores`` runs through an IOBinding: the same numbers, bit for bit, as ``session.run`` of the same
-    graph, with candidates and without, from a strided view of a state (what ``_step_level`` passes), and from
-    states kept as OrtValues by the step before."""
+    """``next_word_scores`` through an IOBinding (states kept on the device) gives the same numbers, bit for bit, as
+    ``session.run`` of the same graph (what it runs on the CPU when numpy states are to come back), with candidates
+    and without, from a strided view of a state (what ``_step_level`` passes), and from states kept as OrtValues by
+    the step before."""
     scorer = Scorer(bundles[("adaptive", 0.0)][1], threads=1)
     prev, h, c, candidates = step_inputs(scorer, 8, seed=0)
     h, c = h[:, ::2], c[:, ::2]  # not contiguous
@@ -46,9 +47,10 @@ def test_io_bound_step_equals_session_run_on_the_cpu(bundles):
     for graph, given in (("step", candidates), ("step_full", None)):
         feed = {"prev_ids": prev, "h": h, "c": c} | ({} if given is None else {"candidates": given})
         want = scorer.sessions[graph].run(None, feed)
-        got = scorer.next_word_scores(prev, h, c, given)
-        for w, g in zip(want, got, strict=True):
-            np.testing.assert_array_equal(g, w)
+        for device_states in (False, True):
+            got = scorer.next_word_scores(prev, h, c, given, device_states=device_states)
+            for w, g in zip(want, got, strict=True):
+                np.testing.assert_array_equal(g.numpy() if isinstance(g, ort.OrtValue) else g, w)
 
     scores, h1, c1 = scorer.next_word_scores(prev, h, c, candidates, device_states=True)
     assert isinstance(h1, ort.OrtValue) and h1.device_name() == "cpu" and isinstance(scores, np.ndarray)
