@@ -143,7 +143,26 @@ def test_adaptive_proposal_moves_towards_the_models_unigram():
     want = 0.9 * model_unigram + 0.1 / V
     assert (adapted - want).abs().sum() < 0.3 * (start - want).abs().sum()
     assert float(adapted.sum()) == pytest.approx(1.0, abs=1e-5) and float(adapted.min()) >= 0.1 / V - 1e-7
-    assert torch.equal(objective.state_dict()["proposal_base"], objective.base)
+    assert torch.equal(objective.state_dict()["unigram_estimate"], objective.unigram)
+
+
+def test_the_adapted_proposal_is_flattened_as_the_fixed_one():
+    """With noise_power 0.5 the proposal follows the square root of the model's unigram, as the fixed proposal
+    takes the square root of the training unigram (a proposal that followed the unigram itself starved rare words)."""
+    torch.manual_seed(9)
+    head = linear_head()
+    model_unigram = torch.distributions.Dirichlet(torch.full((V,), 0.3)).sample()
+    with torch.no_grad():
+        head.linear.bias.copy_(model_unigram.log())
+    objective = AdaptiveImportanceSampling(samples=50, adapt_rate=0.05, noise_power=0.5, noise_uniform=0.1)
+    hidden, targets = torch.zeros(16, D), torch.randint(0, V, (16,))
+    for _ in range(300):
+        objective(head, hidden, targets)
+    flat = model_unigram.sqrt() / model_unigram.sqrt().sum()
+    adapted = objective.noise(head).log_q.exp()
+    assert (adapted - (0.9 * flat + 0.1 / V)).abs().sum() < 0.5 * (
+        adapted - (0.9 * model_unigram + 0.1 / V)
+    ).abs().sum()
 
 
 def test_a_zero_rate_is_fixed_importance_sampling(monkeypatch):
@@ -165,11 +184,11 @@ def test_checkpoints_keep_the_adapted_proposal_and_resume_with_it(write_config, 
     )
     run = tmp_path / "run"
     assert main(["fit", str(config), "--out", str(run), "--set", 'head.bias_init="unigram"']) == 0
-    saved = load_file(str(resolve_checkpoint(run, "latest") / "trainer.safetensors"))["objective.proposal_base"]
+    saved = load_file(str(resolve_checkpoint(run, "latest") / "trainer.safetensors"))["objective.unigram_estimate"]
     unigram = torch.tensor(Trainer.resume(run).vocab.target_log_prior()).double().exp()
     assert float(saved.sum()) == pytest.approx(1.0) and not torch.allclose(saved, unigram / unigram.sum(), atol=1e-3)
     resumed = Trainer.resume(run, ["train.epochs=2"])
-    assert torch.equal(resumed.objective.base, saved)
+    assert torch.equal(resumed.objective.unigram, saved)
     assert math.isfinite(resumed.fit()["test"]["ppl"])
     with pytest.raises(ValueError, match="keeps no state"):
-        build_objective(ObjectiveConfig(type="nce")).load_state_dict({"proposal_base": saved})
+        build_objective(ObjectiveConfig(type="nce")).load_state_dict({"unigram_estimate": saved})
