@@ -4,14 +4,43 @@ so that a model can learn something in a few seconds and perplexities are meanin
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import signal
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def running_lm_serve(root: Path, config: str) -> Iterator[str]:
+    """``lm-serve serve`` with ``config`` (TOML text, written to ROOT/serve.toml) on a free port: its address while
+    the block runs, then SIGTERM and a clean exit. The server's log is root/server.log."""
+    (root / "serve.toml").write_text(config)
+    log = root / "server.log"
+    with open(log, "wb") as err:
+        command = [sys.executable, "-m", "lmserve.server.cli", "serve", "--config", str(root / "serve.toml")]
+        proc = subprocess.Popen([*command, "--port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    deadline, port = time.monotonic() + 60, None
+    while port is None:
+        assert proc.poll() is None, f"the server exited: {log.read_text()}"
+        assert time.monotonic() < deadline, f"the server did not start: {log.read_text()}"
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        port = next((r["port"] for r in records if r["message"] == "listening"), None)
+        time.sleep(0.1)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
 
 
 def no_gpu_reason() -> str | None:

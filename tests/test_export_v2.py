@@ -5,15 +5,11 @@ words outside its vocabulary from their spelling, in the scorer, `lm-rescore sco
 ScoreSentences and RescoreNBest (``open_vocab = true``), matching PyTorch."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, make_sentences, sentence_batch, tiny_config_text, toml_value, write_corpus
+from conftest import make_sentences, running_lm_serve, sentence_batch, tiny_config_text, toml_value, write_corpus
 
 from lmserve.rescoring.bundle import Bundle, BundleError, validate_manifest
 from lmserve.rescoring.cli import main as rescore_main
@@ -211,22 +207,9 @@ def served(exported, tmp_path_factory):
     root = tmp_path_factory.mktemp("v2_serve")
     tables = [f'[models.{name}]\nbundle = "{exported[name][1]}"\n' for name in SERVED]
     tables.append(f'[models.open]\nbundle = "{exported["cnnsoftmax"][1]}"\nopen_vocab = true\n')
-    (root / "serve.toml").write_text("[server]\nworkers = 2\n\n" + "\n".join(tables))
-    log = root / "server.log"
-    with open(log, "wb") as err:
-        command = [sys.executable, "-m", "lmserve.server.cli", "serve", "--config", str(root / "serve.toml")]
-        proc = subprocess.Popen([*command, "--port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-    deadline, port = time.monotonic() + 60, None
-    while port is None:
-        records = [json.loads(line) for line in log.read_text().splitlines()]
-        port = next((r["port"] for r in records if r["message"] == "listening"), None)
-        assert proc.poll() is None, f"the server exited: {log.read_text()}"
-        assert time.monotonic() < deadline, f"the server did not start: {log.read_text()}"
-        time.sleep(0.1)
-    with LMServeClient(f"127.0.0.1:{port}", timeout=30) as client:
-        yield client
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0, log.read_text()
+    with running_lm_serve(root, "[server]\nworkers = 2\n\n" + "\n".join(tables)) as address:
+        with LMServeClient(address, timeout=30) as client:
+            yield client
 
 
 @pytest.mark.parametrize("model", SERVED)

@@ -6,15 +6,11 @@ through the Python client and ``lm-serve client rescore --kbest``."""
 
 import json
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import grpc
 import pytest
-from conftest import ROOT
+from conftest import running_lm_serve
 
 from lmserve.rescoring.cli import main as rescore_main
 from lmserve.rescoring.client import LMServeClient, hypothesis_list
@@ -135,24 +131,12 @@ def server(bundles, mt_lists, tmp_path_factory):
     use no LM feature, as profiles."""
     root = tmp_path_factory.mktemp("mt-serve")
     profiles = "".join(f'{name} = "{made["weights"]}"\n' for name, made in mt_lists.items())
-    (root / "serve.toml").write_text(
+    config = (
         "[server]\nworkers = 1\nmetrics_port = 0\n\n"
         f'[models.tiny]\nbundle = "{bundles[("full", 0.0)][1]}"\n[models.tiny.profiles]\n{profiles}'
     )
-    log = root / "server.log"
-    with open(log, "wb") as err:
-        command = [sys.executable, "-m", "lmserve.server.cli", "serve", "--config", str(root / "serve.toml")]
-        proc = subprocess.Popen([*command, "--port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-    deadline, port = time.monotonic() + 60, None
-    while port is None:
-        assert proc.poll() is None, f"the server exited: {log.read_text()}"
-        assert time.monotonic() < deadline, f"the server did not start: {log.read_text()}"
-        records = [json.loads(line) for line in log.read_text().splitlines()]
-        port = next((r["port"] for r in records if r["message"] == "listening"), None)
-        time.sleep(0.1)
-    yield f"127.0.0.1:{port}"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0, log.read_text()
+    with running_lm_serve(root, config) as address:
+        yield address
 
 
 @pytest.mark.parametrize("name", ["wmt", "fairseq"])
