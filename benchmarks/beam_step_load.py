@@ -150,12 +150,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--texts", type=Path, help="(tests) sentences to walk instead of LibriSpeech's")
     parser.add_argument("--no-write", action="store_true", help="print the result, write no file (tests)")
-    parser.add_argument(
-        "--results", type=Path, help="write the result file into this folder (default: benchmarks/results)"
-    )
+    common.add_results_option(parser)
     args = parser.parse_args(argv)
-    if args.results:
-        common.RESULTS = args.results
+    common.use_results(args.results)
     normalize, sentences, vocab, ngram = walk_inputs(args)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

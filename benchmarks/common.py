@@ -68,6 +68,21 @@ def machine() -> dict:
     }
 
 
+def add_results_option(parser) -> None:
+    """``--results DIR``: a trial run writes its result files there; benchmarks/results holds clean commits' runs."""
+    parser.add_argument(
+        "--results", type=Path, help="write the result file(s) into this folder instead of benchmarks/results"
+    )
+
+
+def use_results(folder: Path | None) -> None:
+    """Send ``write_result``'s files to ``folder`` (``--results``), when one is given."""
+    global RESULTS
+    if folder:
+        folder.mkdir(parents=True, exist_ok=True)
+        RESULTS = folder
+
+
 def write_result(name: str, metrics: dict, **extra) -> Path:
     result = {
         "metrics": metrics,

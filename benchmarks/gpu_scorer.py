@@ -87,11 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--beam", type=int, default=32)
     parser.add_argument("--steps", type=int, default=300, help="measured decoder steps per way")
     parser.add_argument("--warmup", type=int, default=20, help="steps before each way, not measured")
-    parser.add_argument("--results", type=Path, help="write the result file here (default: benchmarks/results)")
+    common.add_results_option(parser)
     args = parser.parse_args(argv)
-    if args.results:
-        common.RESULTS = args.results
-        args.results.mkdir(parents=True, exist_ok=True)
+    common.use_results(args.results)
 
     normalizer = PRESETS[args.normalize] if args.normalize else None
     scorers = {  # one scorer for both with --device cpu

@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batch: the smoke test")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--results", type=Path, help="write gpu_step.json here instead of benchmarks/results")
+    common.add_results_option(parser)
     parser.add_argument(
         "--modes",
         nargs="+",
@@ -83,9 +83,7 @@ def main() -> None:
         help="new steps to measure (default: those the device has)",
     )
     args = parser.parse_args()
-    if args.results:
-        common.RESULTS = args.results
-        common.RESULTS.mkdir(parents=True, exist_ok=True)
+    common.use_results(args.results)
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: PyTorch {torch.__version__} sees no CUDA GPU here (--device cpu --tiny)")

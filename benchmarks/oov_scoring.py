@@ -28,7 +28,6 @@ import math
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
@@ -76,11 +75,9 @@ def main() -> None:
     parser.add_argument("--eval-sentences", type=int, default=500, help="as output_layers_v2's")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads of the scorer")
     parser.add_argument("--tiny", action="store_true", help="a smoke test: small models, a few thousand tokens")
-    parser.add_argument("--results", help="write the result file into this folder (default: benchmarks/results)")
+    common.add_results_option(parser)
     args = parser.parse_args()
-    if args.results:
-        common.RESULTS = Path(args.results)
-        common.RESULTS.mkdir(parents=True, exist_ok=True)
+    common.use_results(args.results)
     suffix = "_tiny" if args.tiny else ""
     if args.tiny:
         args.ptb_tokens, args.gutenberg_tokens, args.eval_sentences = TINY_TOKENS, TINY_TOKENS, TINY_EVAL_SENTENCES

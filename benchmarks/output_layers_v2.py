@@ -174,11 +174,9 @@ def main() -> None:
     parser.add_argument("--speed-steps", type=int, default=8)
     parser.add_argument("--speed-rounds", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="a smoke test: 2,000 words, 32-dim model, 4,000 tokens")
-    parser.add_argument("--results", help="write the result file into this folder (default: benchmarks/results)")
+    common.add_results_option(parser)
     args = parser.parse_args()
-    if args.results:
-        common.RESULTS = Path(args.results)
-        common.RESULTS.mkdir(parents=True, exist_ok=True)
+    common.use_results(args.results)
     name = "output_layers_v2_tiny" if args.tiny else "output_layers_v2"
     if args.tiny:
         args.tokens, args.eval_sentences = min(args.tokens, TINY_TOKENS), min(args.eval_sentences, TINY_EVAL_SENTENCES)

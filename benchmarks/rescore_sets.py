@@ -461,9 +461,7 @@ def main() -> None:
     parser.add_argument(
         "--cache-dir", type=Path, help="where LM score caches go, in BUNDLE__NGRAM/ (default: var/cache)"
     )
-    parser.add_argument(
-        "--results", type=Path, help="write the result files into this folder (default: benchmarks/results)"
-    )
+    common.add_results_option(parser)
     args = parser.parse_args()
     jackknife = [args.jackknife_lm, args.jackknife_ngram, args.jackknife_text]
     if any(jackknife) and not (all(jackknife) and args.task == "atis"):
@@ -474,9 +472,7 @@ def main() -> None:
         parser.error("give --lm and --ngram (atis with --jackknife-*: --test-lm and --test-ngram instead)")
     if args.task == "atis" and not (args.general_lm and args.general_ngram):
         parser.error("atis needs --general-lm and --general-ngram, the ablation without adaptation")
-    if args.results:
-        common.RESULTS = args.results
-        common.RESULTS.mkdir(parents=True, exist_ok=True)
+    common.use_results(args.results)
     {"wmt22": run_wmt22, "hyporadise": run_hyporadise, "atis": run_atis}[args.task](args)
 
 
