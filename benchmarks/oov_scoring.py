@@ -1,10 +1,10 @@
 """Words outside the vocabulary scored from their spelling by a CNN-softmax model -> oov_scoring.json
 
-    python -m benchmarks.oov_scoring --jobs 2   # about 8 minutes after output_layers_v2, 15 without (2 idle cores)
+    python -m benchmarks.oov_scoring --jobs 2   # about 10 minutes after output_layers_v2, 30 without (2 idle cores)
     python -m benchmarks.oov_scoring --tiny --results /tmp/oov   # a smoke test, under a minute
 
 Two CNN-softmax models (issue 33: output vectors from a char-CNN plus a 32-dimensional correction), each trained on a
-short fixed budget by importance sampling, as benchmarks/output_layers_v2.py trains its ``cnnsoftmax`` row:
+fixed budget by target sampling, as benchmarks/output_layers_v2.py trains its ``cnnsoftmax`` row:
 
 - for the WSJ dev 5-best references (HyPoradise), the PTB model (configs/ptb_objectives.toml, ``--ptb-tokens`` of
   one epoch, 10,000 words); the references go through the ``ptb`` preset;
