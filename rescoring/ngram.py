@@ -129,7 +129,9 @@ class NgramLM:
         return NgramState(state, context)
 
     def _context(self, words) -> tuple[str, ...]:
-        return tuple(words)[len(words) - self.order + 1 :] if self.order > 1 else ()
+        """The last ``order - 1`` of ``words`` (all of them when there are fewer: a negative start would cut a short
+        history, such as ``<s>`` and one word at order 4, to its last words)."""
+        return tuple(words)[max(0, len(words) - self.order + 1) :] if self.order > 1 else ()
 
     def state_bytes(self, state: NgramState) -> bytes:
         """The context words, UTF-8, space-separated: words are whitespace-split tokens, so this is unambiguous."""

@@ -97,6 +97,23 @@ def test_a_state_survives_bytes_and_continues_identically(built, test_sentences)
         lm.state_from_bytes(b"\xff")
 
 
+def test_steps_after_context_words_add_up_to_the_sentence_score_at_order_4(tmp_path, test_sentences):
+    """A decoder state carries only its context words: scoring after them, with the KenLM state rebuilt from the words
+    (a fresh model) or kept from the step before (the same model), gives the sentence score. At order 4 the third
+    token's context is ``<s>`` and a word, shorter than order - 1: it must keep both."""
+    info = build_ngram(zipf_corpus(1000, seed=1), order=4, out=tmp_path / "lm4")
+    kept = NgramLM(info["binary"])
+    assert kept.context_after(("<s>",), "w1") == ("<s>", "w1")
+    for words in test_sentences:
+        for fresh in (True, False):
+            context, total = ("<s>",), 0.0
+            for word in [*words, "</s>"]:
+                lm = NgramLM(info["binary"]) if fresh else kept
+                total += float(lm.next_word_logprobs_after([context], [[word]])[0])
+                context = lm.context_after(context, word)
+            assert total == pytest.approx(kept.score(words), rel=1e-6, abs=1e-6)
+
+
 def test_missing_or_unreadable_model_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"nothere\.arpa: no n-gram model"):
         NgramLM(tmp_path / "nothere.arpa")
