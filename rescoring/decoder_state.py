@@ -36,7 +36,6 @@ VERSION = 1
 FINGERPRINT_BYTES = 8
 HAS_NGRAM_CONTEXT = 1
 _HEADER = struct.Struct("<B8sBI")  # version, fingerprint, flags, previous word id
-_FLAGS = 9  # the flags' offset
 _CRC = struct.Struct("<I")
 
 
@@ -67,10 +66,11 @@ class DecoderState:
 @functools.cache
 def _record(layers: int, hidden: int) -> np.dtype:
     """The fixed-size front of a token (``_HEADER``'s fields, h, c) as one numpy record, so that a batch of states
-    packs and unpacks in a few array operations instead of a dozen Python calls per state."""
+    packs and unpacks in a few array operations instead of a dozen Python calls per state. (The fingerprint is a
+    little-endian integer here, so that a batch compares it in one operation.)"""
     matrix = ("<f4", (layers, hidden))
     return np.dtype(
-        [("version", "u1"), ("mark", "V8"), ("flags", "u1"), ("prev_id", "<u4"), ("h", *matrix), ("c", *matrix)]
+        [("version", "u1"), ("mark", "<u8"), ("flags", "u1"), ("prev_id", "<u4"), ("h", *matrix), ("c", *matrix)]
     )
 
 
@@ -85,29 +85,77 @@ def encode_many(
     contexts: Sequence[tuple[str, ...] | None],
     fingerprint: bytes,
 ) -> list[bytes]:
-    """The tokens of N states: ``prev_ids`` [N], ``h``, ``c`` [L, N, H], an n-gram context (or None) each."""
+    """The tokens of N states: ``prev_ids`` [N], ``h``, ``c`` [L, N, H], an n-gram context (or None) each. Each token
+    is one join of its record, its context and its checksum (the checksum runs on over the context instead of over a
+    concatenated copy)."""
     layers, _, hidden = h.shape
-    records = np.zeros(len(contexts), _record(layers, hidden))
+    records = np.empty(len(contexts), _record(layers, hidden))
     records["version"] = VERSION
-    records["mark"] = fingerprint[:FINGERPRINT_BYTES]
+    records["mark"] = int.from_bytes(fingerprint[:FINGERPRINT_BYTES], "little")
     records["flags"] = [0 if context is None else HAS_NGRAM_CONTEXT for context in contexts]
     records["prev_id"] = prev_ids
     records["h"] = h.transpose(1, 0, 2)
     records["c"] = c.transpose(1, 0, 2)
-    raw, size = records.tobytes(), records.itemsize
-    tokens = []
+    raw, size = memoryview(records.tobytes()), records.itemsize
+    crc, pack, tokens = zlib.crc32, _CRC.pack, []
     for i, context in enumerate(contexts):
         body = raw[i * size : (i + 1) * size]
-        if context is not None:
-            body += " ".join(context).encode("utf-8")
-        tokens.append(body + _CRC.pack(zlib.crc32(body)))
+        words = b"" if context is None else " ".join(context).encode("utf-8")
+        tokens.append(b"".join((body, words, pack(crc(words, crc(body))))))
     return tokens
 
 
 def decode(token: bytes, fingerprint: bytes, layers: int, hidden: int, vocab_size: int) -> DecoderState:
     """The state in ``token``, checked against the model that is to continue from it."""
-    prev_ids, h, c, contexts = decode_many([token], fingerprint, layers, hidden, vocab_size)
-    return DecoderState(int(prev_ids[0]), h[:, 0], c[:, 0], contexts[0])
+    return _decode_one(token, fingerprint, layers, hidden, vocab_size, "state")
+
+
+def _decode_one(
+    token: bytes, fingerprint: bytes, layers: int, hidden: int, vocab_size: int, where: str
+) -> DecoderState:
+    """One token, checked field by field: the path of single tokens (a plain ``ScoreNextWords`` call), and the one
+    that names what is wrong with a bad token of a batch (``decode_many``). A bad token raises :class:`StateError`
+    whose message starts with ``where``."""
+    record = _record(layers, hidden)
+    mark = fingerprint[:FINGERPRINT_BYTES]
+    if len(token) < record.itemsize + _CRC.size:
+        raise StateError(
+            f"{where}: {len(token)} bytes, expected at least {record.itemsize + _CRC.size} for this model "
+            "(pass the state of an earlier response unchanged, or an empty state to start a sentence)"
+        )
+    if zlib.crc32(memoryview(token)[: -_CRC.size]) != _CRC.unpack_from(token, len(token) - _CRC.size)[0]:
+        raise StateError(f"{where}: checksum mismatch (the token was changed or cut; pass it back unchanged)")
+    version, theirs, flags, prev_id = _HEADER.unpack_from(token)
+    if version != VERSION:
+        raise StateError(f"{where}: version {version}, this server reads version {VERSION}")
+    if theirs != mark:
+        raise OtherModelState(
+            f"{where}: made by another model (fingerprint {theirs.hex()}, this model's is {mark.hex()}); "
+            "continue a sentence with the model that started it",
+            theirs.hex(),
+        )
+    if flags & ~HAS_NGRAM_CONTEXT:
+        raise StateError(f"{where}: unknown flags {flags:#04x}")
+    if prev_id >= vocab_size:
+        raise StateError(f"{where}: previous word id {prev_id} is outside the vocabulary of {vocab_size}")
+    numbers = np.frombuffer(token, "<f4", 2 * layers * hidden, _HEADER.size).reshape(2, layers, hidden)
+    if not np.isfinite(numbers).all():
+        raise StateError(f"{where}: the LSTM state holds non-finite numbers")
+    rest = token[record.itemsize : -_CRC.size]
+    context = None
+    if flags & HAS_NGRAM_CONTEXT:
+        try:
+            context = _context(rest)
+        except UnicodeDecodeError as e:
+            raise StateError(f"{where}: n-gram context is not valid UTF-8 ({e.reason})") from e
+    elif rest:
+        raise StateError(f"{where}: {len(rest)} bytes after the LSTM state, expected none")
+    return DecoderState(prev_id, numbers[0].copy(), numbers[1].copy(), context)
+
+
+def _context(words: bytes) -> tuple[str, ...]:
+    """The n-gram context words of a token (b"": none, KenLM's null context); UnicodeDecodeError if not UTF-8."""
+    return tuple(words.decode("utf-8").split(" ")) if words else ()
 
 
 def decode_many(
@@ -119,48 +167,44 @@ def decode_many(
     where: Callable[[int], str] = lambda i: "state",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[str, ...] | None]]:
     """The states in ``tokens``, checked against the model that is to continue from them: ``prev_ids`` [N] (int64),
-    ``h``, ``c`` [L, N, H] (float32, contiguous) and the n-gram contexts. A bad token raises :class:`StateError`
-    whose message starts with ``where(i)``. Each token's frame and header are checked in turn, then the numbers of
-    all tokens at once, then their contexts (so of several bad tokens, the first named may not be the first bad)."""
+    ``h``, ``c`` [L, N, H] (float32, contiguous) and the n-gram contexts. The checks run over the whole batch in a few
+    array operations (per token, Python only slices it, runs its checksum and splits its context); when any fails,
+    the tokens are checked one by one in turn (``_decode_one``), so that the :class:`StateError` names the first bad
+    token (its message starts with ``where(i)``) and what is wrong with it."""
     record = _record(layers, hidden)
-    mark = fingerprint[:FINGERPRINT_BYTES]
-    for i, token in enumerate(tokens):
-        if len(token) < record.itemsize + _CRC.size:
-            raise StateError(
-                f"{where(i)}: {len(token)} bytes, expected at least {record.itemsize + _CRC.size} for this model "
-                "(pass the state of an earlier response unchanged, or an empty state to start a sentence)"
-            )
-        if zlib.crc32(memoryview(token)[: -_CRC.size]) != _CRC.unpack_from(token, len(token) - _CRC.size)[0]:
-            raise StateError(f"{where(i)}: checksum mismatch (the token was changed or cut; pass it back unchanged)")
-        version, theirs, flags, prev_id = _HEADER.unpack_from(token)
-        if version != VERSION:
-            raise StateError(f"{where(i)}: version {version}, this server reads version {VERSION}")
-        if theirs != mark:
-            raise OtherModelState(
-                f"{where(i)}: made by another model (fingerprint {theirs.hex()}, this model's is {mark.hex()}); "
-                "continue a sentence with the model that started it",
-                theirs.hex(),
-            )
-        if flags & ~HAS_NGRAM_CONTEXT:
-            raise StateError(f"{where(i)}: unknown flags {flags:#04x}")
-        if prev_id >= vocab_size:
-            raise StateError(f"{where(i)}: previous word id {prev_id} is outside the vocabulary of {vocab_size}")
-    records = np.frombuffer(b"".join(token[: record.itemsize] for token in tokens), record)
-    finite = np.isfinite(records["h"]).all(axis=(1, 2)) & np.isfinite(records["c"]).all(axis=(1, 2))
-    if not finite.all():
-        raise StateError(f"{where(int(np.argmin(finite)))}: the LSTM state holds non-finite numbers")
-    contexts = []
-    for i, token in enumerate(tokens):
-        rest = token[record.itemsize : -_CRC.size]
-        if token[_FLAGS] & HAS_NGRAM_CONTEXT:
+    size, count = record.itemsize, len(tokens)
+    lengths = np.fromiter(map(len, tokens), np.int64, count)
+    if count and lengths.min() >= size + _CRC.size:
+        records = np.frombuffer(b"".join([token[:size] for token in tokens]), record)
+        sums = np.frombuffer(b"".join([token[-_CRC.size :] for token in tokens]), "<u4")
+        crcs = np.fromiter((zlib.crc32(memoryview(token)[: -_CRC.size]) for token in tokens), np.uint32, count)
+        flags = records["flags"]
+        good = (
+            (crcs == sums).all()
+            and (records["version"] == VERSION).all()
+            and (records["mark"] == int.from_bytes(fingerprint[:FINGERPRINT_BYTES], "little")).all()
+            and (flags <= HAS_NGRAM_CONTEXT).all()
+            and (records["prev_id"] < vocab_size).all()
+            and np.isfinite(records["h"]).all()
+            and np.isfinite(records["c"]).all()
+            and ((flags == HAS_NGRAM_CONTEXT) | (lengths == size + _CRC.size)).all()
+        )
+        if good:
             try:
-                contexts.append(tuple(rest.decode("utf-8").split(" ")) if rest else ())
-            except UnicodeDecodeError as e:
-                raise StateError(f"{where(i)}: n-gram context is not valid UTF-8 ({e.reason})") from e
-        elif rest:
-            raise StateError(f"{where(i)}: {len(rest)} bytes after the LSTM state, expected none")
-        else:
-            contexts.append(None)
-    h = np.ascontiguousarray(records["h"].transpose(1, 0, 2), dtype=np.float32)
-    c = np.ascontiguousarray(records["c"].transpose(1, 0, 2), dtype=np.float32)
-    return records["prev_id"].astype(np.int64), h, c, contexts
+                contexts = [
+                    _context(token[size : -_CRC.size]) if flag else None
+                    for token, flag in zip(tokens, flags.tolist(), strict=True)
+                ]
+            except UnicodeDecodeError:
+                good = False
+        if good:
+            h = np.ascontiguousarray(records["h"].transpose(1, 0, 2))
+            c = np.ascontiguousarray(records["c"].transpose(1, 0, 2))
+            return records["prev_id"].astype(np.int64), h, c, contexts
+    states = [_decode_one(token, fingerprint, layers, hidden, vocab_size, where(i)) for i, token in enumerate(tokens)]
+    prev_ids = np.array([s.prev_id for s in states], dtype=np.int64)
+    h = np.zeros((layers, count, hidden), np.float32)
+    c = np.zeros((layers, count, hidden), np.float32)
+    for i, s in enumerate(states):
+        h[:, i], c[:, i] = s.h, s.c
+    return prev_ids, h, c, [s.ngram_context for s in states]

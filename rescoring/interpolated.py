@@ -20,7 +20,7 @@ import numpy as np
 
 from lmserve.rescoring import decoder_state
 from lmserve.rescoring.decoder_state import DecoderState, StateError
-from lmserve.rescoring.lmscores import HypothesisScores, in_vocabulary
+from lmserve.rescoring.lmscores import UNK_WORD, HypothesisScores, in_vocabulary
 from lmserve.rescoring.ngram import BOS as NGRAM_BOS
 from lmserve.rescoring.ngram import NgramLM
 from lmserve.rescoring.scorer import BOS, UNK, Scorer
@@ -102,8 +102,10 @@ class InterpolatedLM:
         other way round, the context is ignored."""
         if not token:
             return self.start_state()
-        prev, h, c, (context,) = self._decode([token], lambda i: "state")
-        return DecoderState(int(prev[0]), h[:, 0], c[:, 0], context)
+        scorer = self.scorer
+        state = decoder_state.decode(token, self.fingerprint, scorer.layers, scorer.state_size, len(scorer.index))
+        (state.ngram_context,) = self._contexts([state.ngram_context], lambda i: "state")
+        return state
 
     def _decode(self, tokens: Sequence[bytes], where: Callable[[int], str]) -> tuple:
         """``decoder_state.decode_many`` for this model, and the n-gram contexts as :meth:`read_state` says."""
@@ -111,12 +113,16 @@ class InterpolatedLM:
         prev, h, c, contexts = decoder_state.decode_many(
             tokens, self.fingerprint, scorer.layers, scorer.state_size, len(scorer.index), where
         )
+        return prev, h, c, self._contexts(contexts, where)
+
+    def _contexts(self, contexts: list, where: Callable[[int], str]) -> list:
+        """The n-gram contexts of decoded tokens as this model takes them (:meth:`read_state`)."""
         if self.ngram is None:
-            return prev, h, c, [None] * len(tokens)
+            return [None] * len(contexts)
         for i, context in enumerate(contexts):
             if context is None:
                 raise StateError(f"{where(i)}: made without an n-gram context, but this model has an n-gram")
-        return prev, h, c, contexts
+        return contexts
 
     def check_candidates(self, candidates: Sequence[str], where: str = "candidates") -> None:
         bos = self.scorer.bundle.tokens[BOS]
@@ -157,16 +163,21 @@ class InterpolatedLM:
         Around the graph, the work is done over all the batch's candidates at once (states decoded and encoded
         together, one interpolation): per candidate, Python only queries KenLM and makes the answer's objects."""
         scorer = self.scorer
-        for i, step in enumerate(steps):
-            if step.states not in STEP_STATES:
-                raise ValueError(f"items[{i}].states = {step.states!r}: expected one of {list(STEP_STATES)}")
-            self.check_candidates(step.candidates, f"items[{i}].candidates")
         if not steps:
             return []
-        prev, h, c, contexts = self.read_states([step.state for step in steps])
         words = [list(step.candidates) for step in steps]
         counts = np.array([len(item) for item in words])
         flat = [w for item in words for w in item]
+        modes = [step.states for step in steps]
+        # the checks over the whole batch at once: the words split back into themselves when none is empty or holds
+        # whitespace; only a batch that fails is checked item by item, for the message that names the bad one
+        valid = counts.all() and " ".join(flat).split() == flat and scorer.bundle.tokens[BOS] not in flat
+        if not valid or not set(modes) <= set(STEP_STATES):
+            for i, step in enumerate(steps):
+                if step.states not in STEP_STATES:
+                    raise ValueError(f"items[{i}].states = {step.states!r}: expected one of {list(STEP_STATES)}")
+                self.check_candidates(step.candidates, f"items[{i}].candidates")
+        prev, h, c, contexts = self.read_states([step.state for step in steps])
         if scorer.pieces is not None:
             spelled = [[scorer.pieces.spell(w) for w in item] for item in words]
             results = scorer.score_continuations_batch(prev, h, c, spelled)
@@ -181,7 +192,6 @@ class InterpolatedLM:
             neural, ids = logprobs[mask].astype(np.float64), ids[mask]
             h_after, c_after = h_out, c_out
             state_of = np.repeat(np.arange(len(steps)), counts)  # every candidate goes on from its item's state
-        modes = [step.states for step in steps]
         out = self._words_after(flat, counts, contexts, neural, ids, h_after, c_after, state_of, modes)
         ends = np.cumsum(counts).tolist()
         return [out[end - k : end] for end, k in zip(ends, counts.tolist(), strict=True)]
@@ -191,7 +201,9 @@ class InterpolatedLM:
         scores, last token ids and the states before those tokens (``h``, ``c`` [L, S, H], candidate n's at
         ``state_of[n]``): the n-gram's scores after each item's ``contexts[b]``, the interpolation, and the new
         states as each item's ``modes[b]`` asks."""
-        ngram_words = in_vocabulary(words, self.scorer.known_words)
+        known = self.scorer.known_words
+        oov = [word not in known for word in words]
+        ngram_words = [UNK_WORD if unknown else word for word, unknown in zip(words, oov, strict=True)]
         ngram = interpolated = None
         after_contexts: list = [None] * len(words)
         if self.ngram is not None:
@@ -202,13 +214,14 @@ class InterpolatedLM:
             ngram = self.ngram.next_word_logprobs_after(contexts, per_item)
             if self.lam is not None:
                 interpolated = np.logaddexp(np.log(self.lam) + neural, np.log1p(-self.lam) + ngram)
+            after = self.ngram.context_after
             after_contexts = [
-                self.ngram.context_after(context, word) if mode != "none" else None
+                after(context, word) if mode != "none" else None
                 for context, item, mode in zip(contexts, per_item, modes, strict=True)
                 for word in item
             ]
-        row_modes = np.repeat(np.array(modes), counts)
         tokens, afters = [b""] * len(words), [None] * len(words)
+        row_modes = np.repeat(np.array(modes), counts)
         rows = np.flatnonzero(row_modes == "tokens")
         if len(rows):
             at = state_of[rows]
@@ -221,20 +234,19 @@ class InterpolatedLM:
             # a copy per state: a state kept (in a cache) must not hold the whole batch's array alive
             at = state_of[row]
             afters[row] = DecoderState(int(ids[row]), h[:, at].copy(), c[:, at].copy(), after_contexts[row])
-        known = self.scorer.known_words
         none = [None] * len(words)
-        return [
-            NextWord(word, *fields, word not in known, token, after)
-            for word, *fields, token, after in zip(
+        return list(
+            map(
+                NextWord,
                 words,
                 neural.tolist(),
                 none if ngram is None else ngram.tolist(),
                 none if interpolated is None else interpolated.tolist(),
+                oov,
                 tokens,
                 afters,
-                strict=True,
             )
-        ]
+        )
 
     def next_words(
         self, token: bytes, candidates: Sequence[str] | None = None, top_k: int = 0, states: bool = True

@@ -32,6 +32,8 @@ BOS, UNK = "<s>", "<unk>"
 # lmplz rejects <unk> in its input, yet closed-vocabulary corpora (PTB) use it as a word, 4-5% of tokens. It goes in
 # under this stand-in, a token no real text has, and comes out merged with lmplz's own <unk>: see _merge_unk.
 UNK_STANDIN = "\x01unk\x01"
+# KenLM states kept by their context words for the next decoder step (NgramLM.next_word_logprobs_after): a few MB
+STATE_CACHE_SIZE = 1 << 16
 
 
 class NgramError(Exception):
@@ -61,6 +63,7 @@ class NgramLM:
             self.model = kenlm.Model(str(self.path), config)
         except OSError as e:
             raise NgramError(f"{self.path}: not a readable ARPA or KenLM binary model ({e})") from e
+        self._states: dict[tuple[str, ...], kenlm.State] = {}  # next_word_logprobs_after's, by context words
         stat = self.path.stat()
         # Cheap to compute for multi-GB models and changes whenever the file is rewritten: caches key on it.
         self.fingerprint = f"{self.path.resolve()} size={stat.st_size} mtime_ns={stat.st_mtime_ns}"
@@ -102,11 +105,25 @@ class NgramLM:
 
     def next_word_logprobs_after(self, contexts: Sequence[Sequence[str]], words: Sequence[Sequence[str]]) -> np.ndarray:
         """:meth:`next_word_logprobs` of ``words[b]`` after each of ``contexts`` (as :meth:`context_words` gives
-        them), flat: a beam step's n-gram scores in one call, one array at the end instead of one per hypothesis."""
-        model, scratch, log10 = self.model, kenlm.State(), []
+        them), flat: a beam step's n-gram scores in one call, one array at the end instead of one per hypothesis.
+
+        A decoder's next step starts from the contexts this step reaches, so the KenLM state after each word is kept
+        under its context words (:meth:`context_after`) and looked up there first: building a state from its words
+        (:meth:`state_from_context`) costs a KenLM query per word, and was most of this method's time. The cache is
+        emptied when it holds ``STATE_CACHE_SIZE`` states (decoders that walked away leave theirs behind); a state
+        depends on its context words only, so a kept one scores exactly as a rebuilt one."""
+        model, states, log10, keep = self.model, self._states, [], self.order - 1
+        if len(states) > STATE_CACHE_SIZE:
+            states.clear()
         for context, item in zip(contexts, words, strict=True):
-            state = self.state_from_context(list(context)).kenlm
-            log10.extend([model.BaseScore(state, word, scratch) for word in item])
+            context = tuple(context)
+            state = states.get(context)
+            if state is None:
+                state = self.state_from_context(list(context)).kenlm
+            for word in item:
+                after = kenlm.State()
+                log10.append(model.BaseScore(state, word, after))
+                states[(*context, word)[-keep:] if keep else ()] = after  # context_after(context, word)
         return np.array(log10, dtype=np.float64) * LN10
 
     def context_words(self, state: NgramState) -> list[str]:

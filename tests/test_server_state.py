@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from lmserve.rescoring.decoder_state import DecoderState, StateError, decode, encode
+from lmserve.rescoring.decoder_state import DecoderState, StateError, decode, decode_many, encode
 
 L, H, V = 2, 16, 43
 FINGERPRINT = bytes(range(32))
@@ -64,3 +64,20 @@ def test_a_token_for_another_shape_is_refused():
     token = encode(state(), FINGERPRINT)
     with pytest.raises(StateError):
         decode(token, FINGERPRINT, L, 2 * H, V)
+
+
+def test_a_batch_decodes_as_its_tokens_one_by_one():
+    tokens = [encode(state(context), FINGERPRINT) for context in [("w1", "w2"), (), None, ("<s>",)]]
+    prev_ids, h, c, contexts = decode_many(tokens, FINGERPRINT, L, H, V)
+    for i, token in enumerate(tokens):
+        alone = decode(token, FINGERPRINT, L, H, V)
+        assert prev_ids[i] == alone.prev_id and contexts[i] == alone.ngram_context
+        np.testing.assert_array_equal(h[:, i], alone.h)
+        np.testing.assert_array_equal(c[:, i], alone.c)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TOKENS))
+def test_a_bad_token_in_a_batch_is_named_with_its_reason(case):
+    token, message = BAD_TOKENS[case]
+    with pytest.raises(StateError, match=rf"^items\[2\]: .*{message}"):
+        decode_many([TOKEN, TOKEN, token, TOKEN], FINGERPRINT, L, H, V, lambda i: f"items[{i}]")
