@@ -23,6 +23,8 @@ class JsonFormatter(logging.Formatter):
         super().__init__()
         replica = os.environ.get(REPLICA_ENV)
         self.tags = {} if replica is None else {"replica": int(replica)}
+        # one encoder for every line: json.dumps with options builds a new one each call (a line per call served)
+        self.encode = json.JSONEncoder(ensure_ascii=False, default=str).encode
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -35,7 +37,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        return self.encode(entry)
 
 
 def setup_logging(level: str = "info", stream=None) -> logging.Logger:

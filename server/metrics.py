@@ -68,13 +68,23 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.series: dict[tuple[str, str], tuple] = {}  # observe's: calls and latency by method and code
+        self.scored: dict[tuple[str, str | None], Counter] = {}  # and tokens by method and model
         self.http = None
 
     def observe(self, method: str, code: str, seconds: float, model: str | None, tokens: int) -> None:
-        self.requests.labels(method, code).inc()
-        self.latency.labels(method).observe(seconds)
+        """One call's counts. The labelled series are looked up once and kept: ``labels`` checks and converts its
+        values under a lock on every call, which was most of this method's time."""
+        series = self.series.get((method, code))
+        if series is None:
+            series = self.series[method, code] = (self.requests.labels(method, code), self.latency.labels(method))
+        series[0].inc()
+        series[1].observe(seconds)
         if tokens:
-            self.tokens.labels(method, model or "").inc(tokens)
+            scored = self.scored.get((method, model))
+            if scored is None:
+                scored = self.scored[method, model] = self.tokens.labels(method, model or "")
+            scored.inc(tokens)
 
     def serve(self, host: str, port: int) -> int:
         """Start the HTTP endpoint (port 0: a free one) in a daemon thread; returns its port."""

@@ -378,15 +378,15 @@ class LMServicer:
         """One beam step: the items checked, cached states looked up, all items scored in one engine call (merged
         with concurrent callers' steps by the ``steps`` batcher), new states cached when asked."""
         model = self.models.get(request.model)
-        items, cache = request.items, self.state_cache
+        items, cache = list(request.items), self.state_cache  # (each pass over the repeated field wraps every item)
         if not items:
             raise invalid("items: empty; give at least one item (a state and its candidates)")
         if len(items) > self.limits.max_items:
             raise too_many("items", len(items), self.limits.max_items)
         if request.cache_states and request.scores_only:
             raise invalid("cache_states and scores_only: give at most one (scores_only returns no states)")
-        needs_cache = request.cache_states or any(item.state_id for item in items)
-        if needs_cache and cache is None:
+        named = any(item.state_id for item in items)  # states of the cache
+        if (request.cache_states or named) and cache is None:
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this server has no state cache ([state_cache] max_mb = 0): send and receive state tokens",
@@ -394,28 +394,12 @@ class LMServicer:
         if cache is not None and request.release_state_ids:
             cache.release(request.release_state_ids)
         mode = "none" if request.scores_only else "objects" if request.cache_states else "tokens"
-        limit = self.limits.max_candidates
-        steps = []
-        for i, item in enumerate(items):
-            if len(item.candidates) > limit:
-                raise too_many(f"items[{i}].candidates", len(item.candidates), limit, "split the item")
-            state = item.state  # (each read of a bytes field copies it)
-            if state and item.state_id:
-                raise invalid(f"items[{i}]: give state or state_id, not both")
-            if item.state_id:
-                try:
-                    entry = cache.get(item.state_id)
-                except StateIdError as e:
-                    raise RequestError(grpc.StatusCode.NOT_FOUND, f"items[{i}].{e}") from None
-                if entry.model != model.name:
-                    raise invalid(
-                        f"items[{i}].state_id {item.state_id!r}: a state of model {entry.model!r}, this call names "
-                        f"{model.name!r}; continue a sentence with the model that started it"
-                    )
-                if entry.fingerprint != model.lm.fingerprint:
-                    raise self.other_model_state(model, None, entry.fingerprint[:8].hex(), f"items[{i}].state_id")
-                state = entry.state
-            steps.append(Step(state, list(item.candidates), mode))
+        candidates = [list(item.candidates) for item in items]
+        # the usual step (state tokens within the limits): nothing to look up or refuse item by item
+        if max(map(len, candidates)) <= self.limits.max_candidates and not named:
+            steps = [Step(item.state, words, mode) for item, words in zip(items, candidates, strict=True)]
+        else:
+            steps = self.cached_steps(items, candidates, model, mode)
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before the work was done")
@@ -440,6 +424,32 @@ class LMServicer:
                 self.metrics.state_cache_removed.labels(reason).inc(count - self.cache_reported.get(reason, 0))
                 self.cache_reported[reason] = count
         return response
+
+    def cached_steps(self, items: list, candidates: list[list[str]], model: ServedModel, mode: str) -> list[Step]:
+        """The steps of a request that names cached states or breaks a limit, item by item in turn, so that an error
+        names the first bad item."""
+        limit, cache, steps = self.limits.max_candidates, self.state_cache, []
+        for i, (item, words) in enumerate(zip(items, candidates, strict=True)):
+            if len(words) > limit:
+                raise too_many(f"items[{i}].candidates", len(words), limit, "split the item")
+            state = item.state  # (each read of a bytes field copies it)
+            if state and item.state_id:
+                raise invalid(f"items[{i}]: give state or state_id, not both")
+            if item.state_id:
+                try:
+                    entry = cache.get(item.state_id)
+                except StateIdError as e:
+                    raise RequestError(grpc.StatusCode.NOT_FOUND, f"items[{i}].{e}") from None
+                if entry.model != model.name:
+                    raise invalid(
+                        f"items[{i}].state_id {item.state_id!r}: a state of model {entry.model!r}, this call names "
+                        f"{model.name!r}; continue a sentence with the model that started it"
+                    )
+                if entry.fingerprint != model.lm.fingerprint:
+                    raise self.other_model_state(model, None, entry.fingerprint[:8].hex(), f"items[{i}].state_id")
+                state = entry.state
+            steps.append(Step(state, words, mode))
+        return steps
 
     def other_model_state(
         self, model: ServedModel, error: OtherModelState | None, fingerprint: str, where: str = ""
