@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -104,7 +105,10 @@ def main() -> None:
     bundles = {}
     for key, (_, run, _) in runs.items():
         bundle = run.parent / f"{run.name}.exact.bundle"
-        if not (bundle / "manifest.json").exists():
+        manifest = bundle / "manifest.json"
+        # a bundle exported before its run was trained again (other settings) is stale: export anew
+        if not manifest.exists() or manifest.stat().st_mtime < (run / "results.json").stat().st_mtime:
+            shutil.rmtree(bundle, ignore_errors=True)
             command = [sys.executable, "-m", "lmserve.training.cli", "export", "--checkpoint", str(run)]
             subprocess.run([*command, "--out", str(bundle), "--exact", "--threads", "1"], check=True, cwd=ROOT)
         bundles[key] = bundle
