@@ -12,8 +12,10 @@ Names a weights file or a command line can use:
 - ``length``: words in the hypothesis as written; ``oov``: words the LM did not know;
 - from the list itself, no LM (these names are computed even where a list carries a feature of the same name, as
   ``length`` is): ``rank``, the first pass's 1-based rank (``Hypothesis.rank``, else the position in the list);
-  ``chars``, characters without whitespace; ``src_ratio``, words over the words of the entry's source sentence
-  (MT; ``NBestEntry.source``, an empty source counting as one word);
+  ``chars``, characters without whitespace; ``nonword``, words as written with no letter or digit (a recogniser's
+  stray ``.`` or ``..``: no reference of a spoken-word transcript has them, and the LMs cannot see them, since
+  normalisation drops punctuation before scoring); ``src_ratio``, words over the words of the entry's source
+  sentence (MT; ``NBestEntry.source``, an empty source counting as one word);
 - ``consensus_bleu``, ``consensus_chrf``, ``consensus_wer``: minimum-Bayes-risk agreement of each hypothesis with
   the others of its list, uniformly weighted (``rescoring.consensus``: sentence BLEU, chrF, 1 − WER);
   ``consensus_chrf@score`` weights the others by the first pass's posterior, the softmax of feature ``score`` over
@@ -38,7 +40,7 @@ from lmserve.rescoring.nbest import NBestEntry, NBestList
 
 LM_FEATURES = ("neural", "ngram", "interp", "oov", "length")
 NEEDS_LM = LM_FEATURES[:4]
-LIST_FEATURES = ("rank", "chars", "src_ratio")
+LIST_FEATURES = ("rank", "chars", "nonword", "src_ratio")
 VOTES = "votes"  # the feature that says how many outputs a hypothesis stands for (consensus weights)
 _NUMBER = r"(?:\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)"
 _NAME = r"[A-Za-z_][\w.-]*"
@@ -238,6 +240,10 @@ class _Columns:
             return np.array([k + 1 if h.rank is None else h.rank for k, h in enumerate(self.hypotheses)], np.float64)
         if name == "chars":
             return np.array([len("".join(h.text.split())) for h in self.hypotheses], dtype=np.float64)
+        if name == "nonword":
+            return np.array(
+                [sum(not any(c.isalnum() for c in w) for w in h.text.split()) for h in self.hypotheses], np.float64
+            )
         if name == "src_ratio":  # check_features: the entry has a source
             return self.get("length") / max(len(self.entry.source.split()), 1)
         if (spec := parse_consensus(name)) is not None:

@@ -118,6 +118,12 @@ def test_rank_chars_and_src_ratio_by_hand():
     np.testing.assert_allclose(column(one_list(texts, source=""), "src_ratio"), [4, 3, 2])  # empty source: one word
 
 
+def test_nonword_counts_tokens_without_a_letter_or_digit():
+    texts = ["because i .", "because i", "so .. it is 2 . ok", "it's a-ok ¿qué?"]
+    # "." and ".." count; "2" (a digit), "it's", "a-ok" and "¿qué?" (letters inside punctuation) do not
+    np.testing.assert_allclose(column(one_list(texts), "nonword"), [1, 0, 2, 0])
+
+
 # -- errors ----------------------------------------------------------------------------------------------------------
 
 
