@@ -93,16 +93,17 @@ NORMALIZE = "librispeech"  # the hypotheses in the LMs' text form (rescoring.tex
 # (the scale), the same recipe for every set of a task, so that it can be judged on sets it was not made on. MT: the
 # system indicators are added inside a pair (their systems differ between pairs); consensus_chrf is the base where it
 # is used (chrF-MBR over the systems), else votes, how many systems gave the candidate. ASR lists without scores:
-# the first pass's order (prior = -rank). ATIS: its first-pass score, am_score, in prior's place.
+# the first pass's order (prior = -rank). ATIS: its first-pass score, am_score, in prior's place. ``nonword``: ASR
+# references are spoken words, so a hypothesis' stray "." is an error the LMs cannot see (they score normalised text).
 MT_RECIPES = {
     "lm": ("votes,neural,ngram,oov,length,chars,src_ratio", "votes"),
     "consensus": ("consensus_chrf,consensus_bleu,votes,length,chars,src_ratio", "consensus_chrf"),
     "both": ("consensus_chrf,consensus_bleu,votes,neural,ngram,oov,length,chars,src_ratio", "consensus_chrf"),
 }
 ASR_RECIPES = {
-    "lm": ("prior,neural,ngram,oov,length", "prior"),
-    "consensus": ("prior,consensus_wer,length", "prior"),
-    "both": ("prior,consensus_wer,neural,ngram,oov,length", "prior"),
+    "lm": ("prior,neural,ngram,oov,length,nonword", "prior"),
+    "consensus": ("prior,consensus_wer,length,nonword", "prior"),
+    "both": ("prior,consensus_wer,neural,ngram,oov,length,nonword", "prior"),
 }
 ASR_DEFINITIONS = ["prior=-1*rank"]
 BOUNDS = "neural=0:,ngram=0:"  # an LM weight below 0 would reward what the LM finds unlikely
