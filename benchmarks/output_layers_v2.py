@@ -16,9 +16,10 @@ in sentence mode, a 50,000-word vocabulary of the prepared Gutenberg books, SGD 
 output biases at the log unigram), with its own overrides, in its own one-thread ``lm-train fit`` process, ``--jobs``
 at a time, resumably (a finished run is not trained again). To fit the CPU time of a shared 2-core machine, and unlike
 those tables' 2M tokens, every row trains on the same budget, ``--tokens`` (1,000,000 by default: the full
-softmax takes about 25 minutes of it; at 120,000 the ratios are those of barely started models), and is evaluated on the first ``--eval-sentences`` sentences of the validation
-and test books (a prepared dataset of its own, var/output_layers_v2/data): the models are far from converged and the
-perplexities are those of an early stage of training, compared like with like. The rows:
+softmax takes about 25 minutes of it; at 120,000 the ratios are those of barely started models), and is evaluated
+on the first ``--eval-sentences`` sentences of the validation and test books (a prepared dataset of its own,
+var/output_layers_v2/data): the models are far from converged and the perplexities are those of an early stage of
+training, compared like with like. The rows:
 
 - ``full-ce``: the reference, full softmax with cross-entropy;
 - ``dsoftmax``: differentiated softmax, bands at 2,000 and 10,000 words of widths 128, 48, 24 (disjoint segments of
@@ -35,9 +36,10 @@ perplexities are those of an early stage of training, compared like with like. T
 - ``slim-random`` and ``slim-clustered``: slim output vectors at 10% of the full matrix (K = 4 sub-vectors, 5,000 per
   position), their sub-vectors assigned at random or by k-means of ``full-ce``'s trained output vectors; both trained
   by the ``fixed-is`` estimator (exactly, a slim step costs more than the full softmax's on a CPU);
-- with ``--all``, the older output layers and estimators, with the settings of their rows in the Gutenberg objectives table
-  (configs/gutenberg_objectives.rows.toml, read from there): ``adaptive-ce``, ``class-ce``, ``tree-ce`` and the full
-  softmax trained by ``full-is``, ``full-nce``, ``full-ns``, ``full-blackout`` and ``full-beta-nce``. That table
+- with ``--all``, the older output layers and estimators, with the settings of their rows in the Gutenberg
+  objectives table (configs/gutenberg_objectives.rows.toml, read from there): ``adaptive-ce``, ``class-ce``,
+  ``tree-ce`` and the full softmax trained by ``full-is``, ``full-nce``, ``full-ns``, ``full-blackout`` and
+  ``full-beta-nce``. That table
   trained them on 2M tokens; here they train on this benchmark's budget, so that one table holds every output layer
   and estimator of the project, measured the same way.
 
