@@ -116,9 +116,10 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         dev, test = references("dev_clean", args.tune_utterances, seed=1), references("dev_other", args.utterances)
     channel = Channel()
-    rng = np.random.default_rng(channel.seed)
-    dev_emissions = [channel.emissions(t, labels, rng) for t in dev]
-    test_emissions = [channel.emissions(t, labels, rng) for t in test]
+    # one generator each, so that the test emissions do not depend on how many tuning utterances came first
+    dev_rng, test_rng = (np.random.default_rng([channel.seed, part]) for part in (0, 1))
+    dev_emissions = [channel.emissions(t, labels, dev_rng) for t in dev]
+    test_emissions = [channel.emissions(t, labels, test_rng) for t in test]
     beams = [int(b) for b in args.beams.split(",")]
     remote_beams = [int(b) for b in args.remote_beams.split(",") if b]
     grid = list(itertools.product(map(float, args.alphas.split(",")), map(float, args.betas.split(","))))
