@@ -133,6 +133,12 @@ class TextNormalizer:
         cased = self._case(token)
         return tuple(self._strip(cased)) if self.punctuation == "strip" else (cased,)
 
+    def cased(self, word: str) -> str:
+        """``word`` in this form's case and nothing else changed. A decoder's word is in the model's spelling when
+        its tokens, joined by spaces, are this (``rescoring.decoders``): otherwise normalisation dropped or changed
+        characters that the written word keeps."""
+        return self._case(word)
+
     def _case(self, token: str) -> str:
         """Markup ("<unk>") and an existing PTB number token keep their case: they are vocabulary entries."""
         if (

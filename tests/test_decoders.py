@@ -145,6 +145,25 @@ def test_partial_words_and_oov_words(local):
     assert not lm.score(start, "w1")[1].word_oov and known == lm.score(start, "w1")[0]  # memoised
 
 
+def test_a_word_not_spelled_as_written_is_out_of_the_vocabulary(bundle):
+    """Normalisation that drops characters: the LM reads "'w1" as w1, but the transcript would keep the apostrophe,
+    so the decoder pays the offset for it, as KenLM's decoder does for a word outside its unigrams."""
+    from lmserve.rescoring.textnorm import TextNormalizer
+
+    local = DecoderLM.local(bundle)
+    local.normalizer = TextNormalizer(hyphens="split", punctuation="strip")
+    lm = LMServeLanguageModel(local, alpha=1.0, beta=0.5, unk_score_offset=-10.0)
+    start = lm.get_start_state()
+    written, plain = local.score(start, "'w1")[1], local.score(start, "w1")[1]
+    assert written.word_logprob == plain.word_logprob and written.history() == ["w1"]  # the same LM score
+    assert written.word_oov and not plain.word_oov
+    assert lm.score(start, "'w1")[0] == pytest.approx(lm.score(start, "w1")[0] - 10.0)
+    assert local.score(start, "w1-w2")[1].word_oov  # read as w1 w2; written with its hyphen
+    punctuation = lm.score(start, "!!")
+    assert punctuation[1].word_tokens == 0 and punctuation[0] == -10.0  # nothing read, no beta, the offset
+    assert lm.score_partial_token("'w") == -10.0 and lm.score_partial_token("w") == 0.0  # prefixes as written
+
+
 def test_subword_piece_labels_are_scored_at_word_boundaries_only(local, engine):
     """A BPE-style alphabet ("▁" starts a word): the LM is asked for whole words and </s>, never for pieces."""
     labels = ["", "▁w", "▁w1", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]

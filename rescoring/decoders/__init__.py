@@ -14,8 +14,11 @@ only once the decoder says it is complete: pyctcdecode at the next word separato
 starting with "▁") and at the end of the utterance; flashlight's lexicon decoder when its lexicon trie reaches a
 word's end. The word is then normalised as the model's text is (the bundle's settings: case, punctuation) and its
 tokens are read one after the other (a word that normalises to several tokens gets their summed score, one to none
-scores 0). Until then a partial word costs nothing while it is the prefix of some vocabulary word and
-``unk_score_offset`` once it is not (pyctcdecode's rule for KenLM; flashlight uses its own lexicon lookahead).
+scores 0). A word the model does not spell as written (normalisation changed more than its case: "'be" read as
+"be", "well-known" as two words, "!!" as nothing) keeps that LM score but counts as out of the vocabulary, since the
+transcript keeps what the LM never saw (pyctcdecode: ``unk_score_offset``). Until then a partial word costs nothing
+while it is, as written, the prefix of some vocabulary word and ``unk_score_offset`` once it is not (pyctcdecode's
+rule for KenLM; flashlight uses its own lexicon lookahead).
 The end of the utterance adds ``</s>``. (flashlight's lexicon-free decoder gives the LM every token it emits, which
 fits a word-level LM only when the decoder's tokens are words: with characters or pieces, use the lexicon decoder.) Summed along a decoded path, the adapter's scores therefore equal
 ``lm-rescore score`` of the decoded sentence (benchmarks/decode_parity.py checks it to 1e-4).

@@ -72,7 +72,7 @@ class LMState:
     words: int = 0  # decoder words completed
     ended: bool = False  # </s> has been scored (the handle is that of the state before it)
     word_logprob: float = 0.0  # the score of the last word (and </s> when ended): what a decoder adds
-    word_oov: bool = False
+    word_oov: bool = False  # a token of the last word was <unk>, or the model does not spell it as written
     word_tokens: int = 0  # the model tokens of the last word (0: punctuation only, or </s> alone)
     children: dict = field(default_factory=dict, repr=False)  # (word, end) -> LMState
 
@@ -169,13 +169,21 @@ class DecoderLM:
             tokens = self._tokens[word] = tuple(self.normalizer.normalize(word)) if word.strip() else ()
         return tokens
 
+    def as_written(self, word: str) -> bool:
+        """Whether the model spells ``word`` as the decoder wrote it, case aside: its tokens joined by spaces are the
+        word in the model's case. A stray apostrophe, a hyphen or punctuation that normalisation drops would stay in
+        the transcript though the LM never saw it: such a word is out of the vocabulary (``LMState.word_oov``), as a
+        word outside a KenLM decoder's unigrams is, while its LM score stays that of its tokens."""
+        return " ".join(self.tokens_of(word)) == self.normalizer.cased(word)
+
     def is_prefix(self, partial: str) -> bool:
-        """Whether some vocabulary word starts with ``partial`` (normalised); an open vocabulary has every word."""
+        """Whether some vocabulary word starts with ``partial`` as written (in the model's case: not normalised
+        further, see :meth:`as_written`); an open vocabulary has every word."""
         if self._vocabulary is None:
             if self.backend.open_vocabulary:
                 return True
             self._vocabulary = sorted(self.backend.vocabulary())
-        prefix = " ".join(self.normalizer.normalize(partial))
+        prefix = self.normalizer.cased(partial)
         at = bisect_left(self._vocabulary, prefix)
         return at < len(self._vocabulary) and self._vocabulary[at].startswith(prefix)
 
@@ -242,7 +250,8 @@ class DecoderLM:
                 self.backend.track(child)
             child.neural, child.logprob, child.oov = state.neural + neural, state.logprob + logprob, state.oov + oov
             child.words = state.words + (1 if tokens[i] else 0)
-            child.ended, child.word_logprob, child.word_oov = end, logprob, word_oov
+            child.ended, child.word_logprob = end, logprob
+            child.word_oov = word_oov or (bool(word.strip()) and not self.as_written(word))
             child.word_tokens = len(tokens[i])
             if keep:
                 state.children[(word, end)] = child

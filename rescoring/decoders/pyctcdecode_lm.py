@@ -10,9 +10,9 @@ each cost one LM call.
 
 :class:`LMServeLanguageModel` answers pyctcdecode's questions as its KenLM ``LanguageModel`` does, in natural logs:
 a word scores ``alpha * ln p(word | history) + beta`` (plus ``unk_score_offset`` for a word outside the neural
-vocabulary, which the LM scores as ``<unk>``), the last word of an utterance also ``alpha * ln p(</s> | ...)`` (with
+vocabulary, which the LM scores as ``<unk>``, or one it does not spell as written: ``DecoderLM.as_written``), the last word of an utterance also ``alpha * ln p(</s> | ...)`` (with
 ``score_boundary``; the neural LM always starts from ``<s>``), a partial word ``unk_score_offset`` (scaled by length
-past 6 characters) once no vocabulary word starts with it. The word boundary: ``rescoring.decoders``.
+past 6 characters) once no vocabulary word starts with it as written. The word boundary: ``rescoring.decoders``.
 
 pyctcdecode itself asks for one (state, word) at a time. :class:`BatchedBeamSearchDecoderCTC` (what
 :func:`build_ctcdecoder` makes) first gathers every word that a frame's beams complete and scores them in one LM call
@@ -74,10 +74,11 @@ class LMServeLanguageModel(AbstractLanguageModel):
         self.lm.score_many([(state, word, last and self.score_boundary) for state, word, last in pairs])
 
     def fused(self, state: LMState) -> float:
-        """What the decoder adds for the word that led to ``state``."""
-        bonus = 0.0  # no word was read (only </s>, or punctuation)
-        if state.word_tokens:
-            bonus = self.beta + (self.unk_score_offset if state.word_oov else 0.0)
+        """What the decoder adds for the word that led to ``state``: beta for a word the LM read, the offset for one
+        out of its vocabulary (punctuation alone included: the LM reads nothing of it, the transcript keeps it)."""
+        bonus = self.beta if state.word_tokens else 0.0  # (no word read: </s> alone, or punctuation)
+        if state.word_oov:
+            bonus += self.unk_score_offset
         return self.alpha * state.word_logprob + bonus
 
     def reset_params(self, **params) -> None:
