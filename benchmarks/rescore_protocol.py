@@ -365,7 +365,6 @@ def kfold(nbest, scores, setup: Setup, metric: str, k: int, fixed: str, search: 
         figures["folds_beating_best"] = sum(r["rescored"] >= r["best_system"] for r in per_fold)
     details.update({"features": list(setup.features), "definitions": setup.definitions, "fixed": fixed})
     details.update({"search": search, "per_fold": per_fold, "weight_spread": cv.weight_spread})
-    details["in_sample_ceiling"] = in_sample_ceiling(nbest, scores, setup, metric, fixed, search)
     return figures, details
 
 
