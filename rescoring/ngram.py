@@ -112,7 +112,7 @@ class NgramLM:
         (:meth:`state_from_context`) costs a KenLM query per word, and was most of this method's time. The cache is
         emptied when it holds ``STATE_CACHE_SIZE`` states (decoders that walked away leave theirs behind); a state
         depends on its context words only, so a kept one scores exactly as a rebuilt one."""
-        model, states, log10, keep = self.model, self._states, [], self.order - 1
+        model, states, log10, after_context = self.model, self._states, [], self.context_after
         if len(states) > STATE_CACHE_SIZE:
             states.clear()
         for context, item in zip(contexts, words, strict=True):
@@ -123,7 +123,7 @@ class NgramLM:
             for word in item:
                 after = kenlm.State()
                 log10.append(model.BaseScore(state, word, after))
-                states[(*context, word)[-keep:] if keep else ()] = after  # context_after(context, word)
+                states[after_context(context, word)] = after
         return np.array(log10, dtype=np.float64) * LN10
 
     def context_words(self, state: NgramState) -> list[str]:
