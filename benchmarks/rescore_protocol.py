@@ -345,10 +345,15 @@ def _bounded(search: dict, setup: Setup) -> dict:
     return {**search, "bounds": {k: v for k, v in (search.get("bounds") or {}).items() if k in setup.features}}
 
 
-def kfold(nbest, scores, setup: Setup, metric: str, k: int, fixed: str, search: dict) -> tuple[dict, dict]:
-    """K-fold CV over contiguous entries of one set: every entry chosen by weights tuned without its fold."""
+def kfold(
+    nbest, scores, setup: Setup, metric: str, k: int, fixed: str, search: dict, guard: int = 0
+) -> tuple[dict, dict]:
+    """K-fold CV over contiguous entries of one set: every entry chosen by weights tuned without its fold. ``guard``
+    (> 1): the recipe with ``lm-rescore tune --cv guard --require-folds guard``'s guard nested in each training part,
+    so that a fold keeps the first pass unless every one of ``guard`` folds of its training part gains."""
     data = tuning_set(nbest, setup, scores, metric)
-    cv = cross_validate(data, k=k, fixed=fixed, contiguous=True, **_bounded(search, setup))
+    tuner = guarded_tuner(guard, guard) if guard > 1 else None
+    cv = cross_validate(data, k=k, fixed=fixed, contiguous=True, tuner=tuner, **_bounded(search, setup))
     base, best_name = _baselines(nbest, data)
     figures, details = _figures(nbest, data, cv.chosen, base, best_name)
     sign = 1 if metrics.HIGHER_IS_BETTER[metric] else -1
@@ -365,6 +370,8 @@ def kfold(nbest, scores, setup: Setup, metric: str, k: int, fixed: str, search: 
         figures["folds_beating_best"] = sum(r["rescored"] >= r["best_system"] for r in per_fold)
     details.update({"features": list(setup.features), "definitions": setup.definitions, "fixed": fixed})
     details.update({"search": search, "per_fold": per_fold, "weight_spread": cv.weight_spread})
+    if guard > 1:
+        details["guard"] = f"{guard} of {guard} folds of each training part must gain"
     return figures, details
 
 

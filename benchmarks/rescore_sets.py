@@ -155,9 +155,20 @@ def recipe_text(recipes: dict[str, tuple[str, str]]) -> str:
     return f"features {features} ({fixed} fixed at 1; bounds {BOUNDS}, penalty {SEARCH['penalty']})"
 
 
+def wmt22_pairs() -> list[str]:
+    """Every language pair of the WMT22 folder (``xx-en``, with system outputs), in name order."""
+    root = DATA / "wmt22-en"
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and any(d.glob("*.hyp.*"))) if root.is_dir() else []
+
+
 def run_wmt22(args) -> None:
+    """K-fold CV inside every pair (``--pairs``, default: every pair of the folder, so that a further pair dropped
+    there is reported too), and ``--transfer-from``'s weights (without system indicators) applied to every other."""
+    pairs = args.pairs or wmt22_pairs()
+    if args.transfer_from not in pairs:
+        raise SystemExit(f"--transfer-from {args.transfer_from}: not among the pairs ({', '.join(pairs) or 'none'})")
     models, cache = models_and_cache(args)
-    lists = {pair: load(DATA / "wmt22-en" / pair, models, cache) for pair in ("zh-en", "de-en")}
+    lists = {pair: load(DATA / "wmt22-en" / pair, models, cache) for pair in pairs}
     leaks = leakage({pair: nbest for pair, (nbest, _) in lists.items()}, args.lm_text, models.normalizer)
     for pair, (nbest, scores) in lists.items():
         indicators = "," + ",".join(f"sys_{s}" for s in system_names(nbest))
@@ -177,17 +188,28 @@ def run_wmt22(args) -> None:
             details=details,
             leakage=leaks[pair],
         )
-    (zh, zh_scores), (de, de_scores) = lists["zh-en"], lists["de-en"]
-    figures, details = ablated(
-        lambda f, fixed: transfer(zh, zh_scores, de, de_scores, Setup.parse(f), "bleu", fixed, SEARCH), MT_RECIPES
-    )
+    source, source_scores = lists[args.transfer_from]
+    moved, details = {}, {}
+    for pair, (nbest, scores) in lists.items():
+        if pair == args.transfer_from:
+            continue
+        figures, details[pair] = ablated(
+            lambda f, fixed, nbest=nbest, scores=scores: transfer(
+                source, source_scores, nbest, scores, Setup.parse(f), "bleu", fixed, SEARCH
+            ),
+            MT_RECIPES,
+        )
+        if pair == "de-en":  # the issue's keys, unprefixed
+            moved |= figures
+        prefix = pair.replace("-", "_")
+        moved |= {f"{prefix}_{k}": figures[k] for k in ("best_system_bleu", "reranked_bleu", "reranked_chrf")}
     write_result(
         "rescore_wmt22_transfer",
-        figures,
-        protocol=f"weights tuned on all of WMT22 zh-en ({recipe_text(MT_RECIPES)}, no system indicators) applied "
-        "unchanged to de-en",
+        moved,
+        protocol=f"weights tuned on all of WMT22 {args.transfer_from} ({recipe_text(MT_RECIPES)}, no system "
+        "indicators) applied unchanged to every other pair (the unprefixed figures: de-en's)",
         details=details,
-        leakage=leaks["de-en"],
+        leakage={pair: leaks[pair] for pair in details},
     )
 
 
@@ -197,32 +219,50 @@ HYPORADISE = {
     "swbd": DATA / "hyporadise" / "test_swbd.json.gz",
     "wsj": DATA / "wsj-nbest" / "dev.json",
 }
+GUARD = 5  # the guarded figure's folds, all of which must gain (docs/rescoring-asr.md: "--cv 5 --require-folds 5")
 
 
-def domain_choices(pairs: list[str]) -> dict[str, tuple[Path, Path]]:
+def hyporadise_sets(extra: list[str]) -> dict[str, Path]:
+    """The four sets of the issue, then every further HyPoradise test list in the data folder (``test_NAME.json.gz``,
+    ATIS aside: it has its own protocol) and every ``--extra NAME=PATH`` list, by name."""
+    sets = dict(HYPORADISE)
+    for path in sorted((DATA / "hyporadise").glob("test_*.json.gz")):
+        name = list_name(path).removeprefix("test_")
+        if name != "atis" and name not in sets:
+            sets[name] = path
+    for pair in extra:
+        name, _, path = pair.partition("=")
+        if not name or not path or name in sets:
+            raise SystemExit(f"--extra {pair!r}: expected NAME=PATH with a NAME not among {', '.join(sets)}")
+        sets[name] = Path(path)
+    return sets
+
+
+def domain_choices(pairs: list[str], sets: dict[str, Path]) -> dict[str, tuple[Path, Path]]:
     """``SET=NGRAM:TEXT`` arguments -> {set: (the set's in-domain n-gram, the text behind it)}."""
     out = {}
     for pair in pairs:
         name, _, rest = pair.partition("=")
         ngram, _, text = rest.partition(":")
-        if name not in HYPORADISE or not ngram or not text:
-            raise SystemExit(f"--domain {pair!r}: expected SET=NGRAM:TEXT with SET one of {', '.join(HYPORADISE)}")
+        if name not in sets or not ngram or not text:
+            raise SystemExit(f"--domain {pair!r}: expected SET=NGRAM:TEXT with SET one of {', '.join(sets)}")
         out[name] = (Path(ngram), Path(text))
     return out
 
 
-def scored_sets(args, ngrams: dict[str, Path]) -> tuple[dict[str, tuple], object]:
-    """Every HyPoradise set's list and LM scores, each set's n-gram ``ngrams[set]`` beside the neural LM."""
+def scored_sets(args, sets: dict[str, Path], ngrams: dict[str, Path]) -> tuple[dict[str, tuple], object]:
+    """Every set's list and LM scores, each set's n-gram ``ngrams[set]`` beside the neural LM."""
     lists, normalizer = {}, None
     for ngram in dict.fromkeys(ngrams.values()):
         models, cache = load_models(args, args.lm, ngram)
         normalizer = models.normalizer
-        lists |= {name: load(path, models, cache) for name, path in HYPORADISE.items() if ngrams[name] == ngram}
-    return {name: lists[name] for name in HYPORADISE}, normalizer
+        lists |= {name: load(path, models, cache) for name, path in sets.items() if ngrams[name] == ngram}
+    return {name: lists[name] for name in sets}, normalizer
 
 
 def evaluated_sets(args, lists: dict[str, tuple]) -> tuple[dict, dict, dict, dict]:
-    """K-fold CV inside each set, and each set with the weights of the other three: figures and details."""
+    """K-fold CV inside each set (and the same with the tuning guard nested), and each set with the weights tuned
+    on the union of the issue's sets (``HYPORADISE``) other than itself: figures and details."""
     cv, cv_details, moved, moved_details = {}, {}, {}, {}
     for name, (nbest, scores) in lists.items():
         figures, cv_details[name] = ablated(
@@ -234,7 +274,12 @@ def evaluated_sets(args, lists: dict[str, tuple]) -> tuple[dict, dict, dict, dic
         cv_details[name]["in_sample_ceiling"] = ceiling(nbest, scores, ASR_RECIPES, "wer", definitions=ASR_DEFINITIONS)
         for key in ("wer_1best", "wer_rescored", "folds", "folds_improved"):
             cv[f"{name}_{key}"] = figures[key]
-        others = [lists[o] for o in lists if o != name]
+        features, fixed = ASR_RECIPES["both"]
+        guarded, cv_details[name]["guarded"] = kfold(
+            nbest, scores, Setup.parse(features, ASR_DEFINITIONS), "wer", args.folds, fixed, SEARCH, guard=GUARD
+        )
+        cv[f"{name}_wer_rescored_guarded"] = guarded["wer_rescored"]
+        others = [lists[o] for o in HYPORADISE if o != name]
         tune_lists, tune_scores = [n for n, _ in others], [s for _, s in others]
         figures, moved_details[name] = ablated(
             lambda f, fixed, tl=tune_lists, ts=tune_scores, nbest=nbest, scores=scores: transfer(
@@ -247,16 +292,17 @@ def evaluated_sets(args, lists: dict[str, tuple]) -> tuple[dict, dict, dict, dic
 
 
 def run_hyporadise(args) -> None:
-    """Every set scored by the neural LM and the general n-gram (``--ngram``), and, where ``--domain`` gives one, by
-    the neural LM and the set's in-domain n-gram (the headline figures; the general ones are the ablation without
-    adaptation, ``S_wer_rescored_general``)."""
-    domains = domain_choices(args.domain or [])
-    kinds = {"general": {name: args.ngram for name in HYPORADISE}}
+    """Every set (``hyporadise_sets``) scored by the neural LM and the general n-gram (``--ngram``), and, where
+    ``--domain`` gives one, by the neural LM and the set's in-domain n-gram (the headline figures; the general ones
+    are the ablation without adaptation, ``S_wer_rescored_general``)."""
+    sets = hyporadise_sets(args.extra or [])
+    domains = domain_choices(args.domain or [], sets)
+    kinds = {"general": {name: args.ngram for name in sets}}
     if domains:
-        kinds["adapted"] = {name: domains[name][0] if name in domains else args.ngram for name in HYPORADISE}
+        kinds["adapted"] = {name: domains[name][0] if name in domains else args.ngram for name in sets}
     results, leaks = {}, {}
     for kind, ngrams in kinds.items():
-        lists, normalizer = scored_sets(args, ngrams)
+        lists, normalizer = scored_sets(args, sets, ngrams)
         results[kind] = evaluated_sets(args, lists)
         leaks[kind] = {}
         for name, (nbest, _) in lists.items():
@@ -266,29 +312,34 @@ def run_hyporadise(args) -> None:
     cv, cv_details, moved, moved_details = results[headline]
     if domains:
         general_cv, _, general_moved, _ = results["general"]
-        cv |= {f"{name}_wer_rescored_general": general_cv[f"{name}_wer_rescored"] for name in HYPORADISE}
-        moved |= {f"{name}_wer_rescored_general": general_moved[f"{name}_wer_rescored"] for name in HYPORADISE}
+        cv |= {f"{name}_wer_rescored_general": general_cv[f"{name}_wer_rescored"] for name in sets}
+        moved |= {f"{name}_wer_rescored_general": general_moved[f"{name}_wer_rescored"] for name in sets}
     adaptation = (
         "; in-domain n-grams (the set's n-gram: " + ", ".join(f"{n} {d[0].name}" for n, d in domains.items()) + ")"
         if domains
         else ""
     )
     details = {kind: {"cv": r[1], "transfer": r[3]} for kind, r in results.items()}
+    further = [name for name in sets if name not in HYPORADISE]
     write_result(
         "rescore_hyporadise_cv",
         cv,
         protocol=f"{args.folds}-fold cross-validation over contiguous utterances of each set; "
-        f"{recipe_text(ASR_RECIPES)} with {ASR_DEFINITIONS[0]}, WER tuned{adaptation}",
+        f"{recipe_text(ASR_RECIPES)} with {ASR_DEFINITIONS[0]}, WER tuned{adaptation}; S_wer_rescored_guarded: "
+        f"the same with the tuning guard ({GUARD} of {GUARD} folds of each training part must gain) nested",
         details={kind: d["cv"] for kind, d in details.items()},
         leakage=leaks,
+        sets={name: str(path) for name, path in sets.items()},
     )
     write_result(
         "rescore_hyporadise_transfer",
         moved,
-        protocol=f"each set rescored with weights tuned on the union of the other three; {recipe_text(ASR_RECIPES)}"
-        f"{adaptation}",
+        protocol=f"each of {', '.join(HYPORADISE)} rescored with weights tuned on the union of the other three"
+        + (f", each of {', '.join(further)} with weights tuned on the union of all four" if further else "")
+        + f"; {recipe_text(ASR_RECIPES)}{adaptation}",
         details={kind: d["transfer"] for kind, d in details.items()},
         leakage=leaks,
+        sets={name: str(path) for name, path in sets.items()},
     )
 
 
@@ -469,6 +520,18 @@ def main() -> None:
         metavar="SET=NGRAM:TEXT",
         help="hyporadise: a set's in-domain n-gram (or mixture) and the text behind it, e.g. td3=var/ngrams/ted_mix.json:"
         "var/english-text-ted/train.txt.gz; the sets given are also scored with it (the headline figures)",
+    )
+    parser.add_argument("--pairs", nargs="+", help="wmt22: the pairs (folders of wmt22-en/; default: every one there)")
+    parser.add_argument(
+        "--transfer-from", default="zh-en", help="wmt22: the pair whose weights are applied to the others"
+    )
+    parser.add_argument(
+        "--extra",
+        nargs="+",
+        metavar="NAME=PATH",
+        help="hyporadise: further lists (any format lm-rescore reads), each cross-validated and rescored with the "
+        "weights of the union of the four sets (further HyPoradise test_*.json.gz in the data folder are added "
+        "without this)",
     )
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
