@@ -16,8 +16,11 @@ sentence's end the beam starts the next one. One step, four ways (the same steps
 
 Per way: the latency of a step (until its last answer; p50/p99), steps/s, and the server's CPU seconds for all the
 steps (/proc, server process and its children; the load generator runs on the same cores but is not counted).
-Decoders step back to back unless ``--think-ms`` gives each its own work between steps; first, one decoder alone
-gives the floor (``one_decoder_p99_ms``): the latency of a batched beam step on an otherwise idle server.
+Decoders step back to back unless ``--think-ms`` gives each its own work between steps (a sleep: a real decoder's
+search between two LM steps, on other cores); first, one decoder alone gives the floor (``one_decoder_p99_ms``): the
+latency of a batched beam step on an otherwise idle server. Back to back, 16 decoders saturate the server and the
+latency is their number over its throughput; ``--think-curve`` runs the batched steps again at lower offered loads
+(each decoder pausing T ms between steps), for the latency a decoder sees at a given pace.
 The server: the English LM bundle with its 4-gram at λ (``benchmarks/decoding.py``), 2 scoring threads of 1 ONNX
 Runtime thread, micro-batching waits at most ``--max-wait-ms``. Metrics: ``p99_ms`` (batched), ``batched_cpu_s``,
 ``single_cpu_s``; targets p99 ≤ 15 ms and single/batched CPU ≥ 8.
@@ -146,6 +149,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--think-ms", type=float, default=0.0, help="a decoder's own work between steps (0: steps back to back)"
     )
+    parser.add_argument(
+        "--think-curve",
+        default="",
+        help="comma-separated think times (ms): batched steps again at each, the latency at that offered load "
+        "(p99_ms_think_T)",
+    )
     parser.add_argument("--solo-steps", type=int, default=30, help="batched steps of one decoder alone (0: none)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--texts", type=Path, help="(tests) sentences to walk instead of LibriSpeech's")
@@ -167,24 +176,26 @@ def main(argv: list[str] | None = None) -> dict:
                 latencies, _ = asyncio.run(measure(server.address, "batched", walks, args.solo_steps))
                 results["batched_one_decoder"] = percentiles(latencies)
                 print("batched_one_decoder", json.dumps(results["batched_one_decoder"]), flush=True)
-            think = args.think_ms / 1000
-            for mode in args.modes.split(","):
-                cache = mode == "stream_cache"
+            runs = [(mode, mode, args.think_ms) for mode in args.modes.split(",")]
+            runs += [(f"batched_think_{t}", "batched", float(t)) for t in filter(None, args.think_curve.split(","))]
+            for row, mode, think_ms in runs:
+                cache, think = mode == "stream_cache", think_ms / 1000
                 walks = [Walk(sentences, vocab, args.beam, args.candidates, i, cache) for i in range(args.decoders)]
                 asyncio.run(measure(server.address, mode, walks, args.warmup, think))
                 before = cpu_seconds(server.pid)
                 latencies, seconds = asyncio.run(measure(server.address, mode, walks, args.steps, think))
                 cpu = cpu_seconds(server.pid) - before
                 steps = len(latencies)
-                results[mode] = {
+                results[row] = {
                     **percentiles(latencies),
+                    "think_ms": think_ms,
                     "steps": steps,
                     "seconds": seconds,
                     "steps_per_s": steps / seconds,
                     "server_cpu_s": cpu,
                     "server_cpu_ms_per_step": 1000 * cpu / steps,
                 }
-                print(mode, json.dumps(results[mode]), flush=True)
+                print(row, json.dumps(results[row]), flush=True)
             errors = [r for r in server.records if r.get("level") == "error"]
             server.stop()
     batched, single = results.get("batched", {}), results.get("single", {})
@@ -201,6 +212,10 @@ def main(argv: list[str] | None = None) -> dict:
         if mode in results:
             metrics[f"{mode}_p99_ms"] = results[mode]["p99_ms"]
             metrics[f"{mode}_cpu_s"] = results[mode]["server_cpu_s"]
+    for row, figures in results.items():
+        if row.startswith("batched_think_"):
+            metrics[f"p99_ms_think_{row.removeprefix('batched_think_')}"] = figures["p99_ms"]
+            metrics[f"steps_per_s_think_{row.removeprefix('batched_think_')}"] = figures["steps_per_s"]
     extra = dict(
         targets={"p99_ms": "<= 15", "single_cpu_s / batched_cpu_s": ">= 8"},
         decoders=args.decoders,

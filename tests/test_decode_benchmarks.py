@@ -43,10 +43,14 @@ def test_decode_synthetic(setup):
 def test_beam_step_load(setup):
     from benchmarks.beam_step_load import MODES, main
 
-    result = main([*setup, "--decoders", "3", "--beam", "4", "--steps", "6", "--warmup", "1", "--solo-steps", "3"])
-    assert set(result["modes"]) == {*MODES, "batched_one_decoder"} and result["server_errors"] == 0
-    assert all(result["modes"][m]["steps"] == 18 for m in MODES)
+    args = ["--decoders", "3", "--beam", "4", "--steps", "6", "--warmup", "1", "--solo-steps", "3"]
+    result = main([*setup, *args, "--think-curve", "20"])
+    assert set(result["modes"]) == {*MODES, "batched_one_decoder", "batched_think_20"}
+    assert result["server_errors"] == 0
+    assert all(result["modes"][m]["steps"] == 18 for m in [*MODES, "batched_think_20"])
     assert result["metrics"]["p99_ms"] > 0 and result["metrics"]["one_decoder_p99_ms"] > 0
+    # 6 steps, each followed by a 20 ms pause: a decoder's steps take at least 120 ms
+    assert result["modes"]["batched_think_20"]["seconds"] >= 0.12 and result["metrics"]["p99_ms_think_20"] > 0
 
 
 def test_state_cache_soak(setup):
