@@ -304,10 +304,13 @@ def run_hyporadise(args) -> None:
     for kind, ngrams in kinds.items():
         lists, normalizer = scored_sets(args, sets, ngrams)
         results[kind] = evaluated_sets(args, lists)
-        leaks[kind] = {}
-        for name, (nbest, _) in lists.items():
-            texts = [*args.lm_text, *([domains[name][1]] if kind == "adapted" and name in domains else [])]
-            leaks[kind] |= leakage({name: nbest}, texts, normalizer)
+        leaks[kind] = guarded(
+            [
+                (name, nbest, (*args.lm_text, *([domains[name][1]] if kind == "adapted" and name in domains else [])))
+                for name, (nbest, _) in lists.items()
+            ],
+            normalizer,
+        )
     headline = "adapted" if domains else "general"
     cv, cv_details, moved, moved_details = results[headline]
     if domains:
@@ -424,14 +427,15 @@ def scored(args, parts: list[Part]) -> list[tuple[list, dict]]:
     return out
 
 
-def guarded(parts: list[Part], normalizer) -> dict[str, dict]:
-    """The leakage guard per part, one pass over each distinct set of LM texts."""
+def guarded(lists: list[tuple[str, NBestList, tuple[Path, ...]]], normalizer) -> dict[str, dict]:
+    """The leakage guard of each (name, list, the texts behind its LMs), one pass over each distinct set of texts
+    (a pass over the general LM's text takes minutes)."""
     by_texts: dict[tuple[Path, ...], dict[str, NBestList]] = {}
-    for part in parts:
-        by_texts.setdefault(part.texts, {})[part.nbest.name] = part.nbest
+    for name, nbest, texts in lists:
+        by_texts.setdefault(texts, {})[name] = nbest
     result = {}
-    for texts, lists in by_texts.items():
-        result.update(leakage(lists, list(texts), normalizer))
+    for texts, named in by_texts.items():
+        result.update(leakage(named, list(texts), normalizer))
     return result
 
 
@@ -461,7 +465,7 @@ def run_atis(args) -> None:
         det["in_sample_ceiling"] = ceiling(test_part.nbest, test_scores, ATIS_RECIPES, "wer")
         det["tune_models"] = {p.nbest.name: about for p, (_, about) in zip(parts, tune_scores, strict=True)}
         det["test_models"] = test_about
-        det["leakage"] = guarded([*parts, test_part], PRESETS[NORMALIZE])
+        det["leakage"] = guarded([(p.nbest.name, p.nbest, p.texts) for p in [*parts, test_part]], PRESETS[NORMALIZE])
         details[kind] = det
     adapted = details["adapted"]
     figures = {k: adapted["ablation"]["both"][k] for k in ("wer_1best", "wer_rescored")}
