@@ -275,9 +275,10 @@ def evaluated_sets(args, lists: dict[str, tuple]) -> tuple[dict, dict, dict, dic
         for key in ("wer_1best", "wer_rescored", "folds", "folds_improved"):
             cv[f"{name}_{key}"] = figures[key]
         features, fixed = ASR_RECIPES["both"]
-        guarded, cv_details[name]["guarded"] = kfold(
+        guarded, details = kfold(
             nbest, scores, Setup.parse(features, ASR_DEFINITIONS), "wer", args.folds, fixed, SEARCH, guard=GUARD
         )
+        cv_details[name]["guarded"] = {**guarded, **details}
         cv[f"{name}_wer_rescored_guarded"] = guarded["wer_rescored"]
         others = [lists[o] for o in HYPORADISE if o != name]
         tune_lists, tune_scores = [n for n, _ in others], [s for _, s in others]
