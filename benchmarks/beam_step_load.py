@@ -66,12 +66,14 @@ class Walk:
     def items(self) -> list[tuple[bytes | str, list[str]]]:
         words = self.sentences[self.sentence]
         true = words[self.position] if self.position < len(words) else "</s>"
-        out = []
-        for k, state in enumerate(self.states):
-            first = true if k == 0 else self.vocab[int(self.rng.integers(len(self.vocab)))]
-            others = [self.vocab[int(i)] for i in self.rng.integers(len(self.vocab), size=self.candidates - 1)]
-            out.append((state, [first, *others]))
-        return out
+        # one draw for the whole step: the load generator shares the server's cores, and a numpy call per hypothesis
+        # cost it about as much CPU as gRPC's own client side (py-spy)
+        vocab, picks = self.vocab, self.rng.integers(len(self.vocab), size=(self.beam, self.candidates)).tolist()
+        picks[0][0] = None
+        return [
+            (state, [true if i is None else vocab[i] for i in row])
+            for state, row in zip(self.states, picks, strict=True)
+        ]
 
     def advance(self, new_states: list) -> list:
         """The beam goes on from each hypothesis' first candidate; returns the states it dropped (cache ids)."""
