@@ -16,8 +16,8 @@ sentence's end the beam starts the next one. One step, four ways (the same steps
 
 Per way: the latency of a step (until its last answer; p50/p99), steps/s, and the server's CPU seconds for all the
 steps (/proc, server process and its children; the load generator runs on the same cores but is not counted).
-Decoders step back to back unless ``--think-ms`` gives each its own work between steps (a sleep: a real decoder's
-search between two LM steps, on other cores); first, one decoder alone gives the floor (``one_decoder_p99_ms``): the
+Decoders step back to back unless ``--think-ms`` gives each its own work between steps (a sleep of 0 to 2× that,
+uniformly: a real decoder's search between two LM steps, on other cores); first, one decoder alone gives the floor (``one_decoder_p99_ms``): the
 latency of a batched beam step on an otherwise idle server. Back to back, 16 decoders saturate the server and the
 latency is their number over its throughput; ``--think-curve`` runs the batched steps again at lower offered loads
 (each decoder pausing T ms between steps), for the latency a decoder sees at a given pace.
@@ -56,6 +56,7 @@ class Walk:
     def __init__(self, sentences: list[list[str]], vocab: list[str], beam: int, candidates: int, seed: int, cache):
         self.sentences, self.vocab, self.beam, self.candidates = sentences, vocab, beam, candidates
         self.rng = np.random.default_rng(seed)
+        self.pauses = np.random.default_rng([seed, 1])  # apart from rng: the steps stay the same whatever the pauses
         self.cache = cache
         self.sentence, self.position = int(self.rng.integers(len(sentences))), 0
         self.states: list = [self.start()] * beam
@@ -116,8 +117,8 @@ async def decoder(stub, mode: str, walk: Walk, steps: int, latencies: list[float
             states = first_states(await stub.ScoreNextWordsBatch(request(walk, items), timeout=60))
         latencies.append((time.perf_counter() - start) * 1000)
         release = walk.advance(states)
-        if think:
-            await asyncio.sleep(think)
+        if think:  # uniform on [0, 2 think]: decoders that paused alike would all ask at once, a burst each time
+            await asyncio.sleep(2 * think * walk.pauses.random())
     if stream is not None:
         await stream.done_writing()
         await stream.read()  # the end of the stream (EOF)

@@ -49,8 +49,8 @@ def test_beam_step_load(setup):
     assert result["server_errors"] == 0
     assert all(result["modes"][m]["steps"] == 18 for m in [*MODES, "batched_think_20"])
     assert result["metrics"]["p99_ms"] > 0 and result["metrics"]["one_decoder_p99_ms"] > 0
-    # 6 steps, each followed by a 20 ms pause: a decoder's steps take at least 120 ms
-    assert result["modes"]["batched_think_20"]["seconds"] >= 0.12 and result["metrics"]["p99_ms_think_20"] > 0
+    # 6 steps, each followed by a pause of 0-40 ms (seeded: 0.10-0.17 s in all for each of the 3 decoders)
+    assert result["modes"]["batched_think_20"]["seconds"] >= 0.06 and result["metrics"]["p99_ms_think_20"] > 0
 
 
 def test_state_cache_soak(setup):
