@@ -15,7 +15,8 @@ Names a weights file or a command line can use:
   ``chars``, characters without whitespace; ``nonword``, words as written with no letter or digit (a recogniser's
   stray ``.`` or ``..``: no reference of a spoken-word transcript has them, and the LMs cannot see them, since
   normalisation drops punctuation before scoring); ``src_ratio``, words over the words of the entry's source
-  sentence (MT; ``NBestEntry.source``, an empty source counting as one word);
+  sentence (MT; ``NBestEntry.source``, an empty source counting as one word; a Chinese or Japanese character is a
+  source word of its own: ``rescoring.words.source_length``);
 - ``consensus_bleu``, ``consensus_chrf``, ``consensus_wer``: minimum-Bayes-risk agreement of each hypothesis with
   the others of its list, uniformly weighted (``rescoring.consensus``: sentence BLEU, chrF, 1 − WER);
   ``consensus_chrf@score`` weights the others by the first pass's posterior, the softmax of feature ``score`` over
@@ -37,6 +38,7 @@ import numpy as np
 from lmserve.rescoring import consensus
 from lmserve.rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, token_sums
 from lmserve.rescoring.nbest import NBestEntry, NBestList
+from lmserve.rescoring.words import source_length
 
 LM_FEATURES = ("neural", "ngram", "interp", "oov", "length")
 NEEDS_LM = LM_FEATURES[:4]
@@ -245,7 +247,7 @@ class _Columns:
                 [sum(not any(c.isalnum() for c in w) for w in h.text.split()) for h in self.hypotheses], np.float64
             )
         if name == "src_ratio":  # check_features: the entry has a source
-            return self.get("length") / max(len(self.entry.source.split()), 1)
+            return self.get("length") / max(source_length(self.entry.source), 1)
         if (spec := parse_consensus(name)) is not None:
             return self._consensus(name, spec)
         return np.array([h.features[name] for h in self.hypotheses], dtype=np.float64)  # check_features: all have it

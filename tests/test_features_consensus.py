@@ -116,6 +116,10 @@ def test_rank_chars_and_src_ratio_by_hand():
     np.testing.assert_allclose(column(nbest, "chars"), [11, 10, 7])  # 4+2+1+4, 4+2+4, 3+4
     np.testing.assert_allclose(column(nbest, "src_ratio"), [4 / 4, 3 / 4, 2 / 4])
     np.testing.assert_allclose(column(one_list(texts, source=""), "src_ratio"), [4, 3, 2])  # empty source: one word
+    # a Chinese or Japanese character is a source word of its own, other runs go by spaces: 4 + 2 ("iPhone", "13"),
+    # and 3 kana + 1 ideograph; counted by spaces, both sources would be 2 words long
+    np.testing.assert_allclose(column(one_list(texts, source="是否有途 iPhone 13"), "src_ratio"), [4 / 6, 3 / 6, 2 / 6])
+    np.testing.assert_allclose(column(one_list(texts, source="すみま 東"), "src_ratio"), [4 / 4, 3 / 4, 2 / 4])
 
 
 def test_nonword_counts_tokens_without_a_letter_or_digit():
