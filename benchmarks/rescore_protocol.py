@@ -38,6 +38,7 @@ from lmserve.rescoring import metrics, overlap
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup, references_of, report, setup_record, tune, tuning_set
 from lmserve.rescoring.tune import (
+    TuneResult,
     TuningSet,
     cross_validate,
     fold_indices,
@@ -382,18 +383,24 @@ def in_sample_ceiling(nbest, scores, setup: Setup, metric: str, fixed: str, sear
     return data.score(reranked_choice(data, tune_weights(data, fixed=fixed, **_bounded(search, setup)).weights))
 
 
-def transfer(train, train_scores, test, test_scores, setup: Setup, metric: str, fixed: str, search: dict):
-    """Weights tuned on ``train`` (a list, or several pooled) applied unchanged to ``test``."""
+def tuned_on(train, train_scores, setup: Setup, metric: str, fixed: str, search: dict) -> tuple[str, TuneResult]:
+    """The weights tuned on ``train`` (a list, or several pooled), with the pooled set's name."""
     trains = train if isinstance(train, list) else [train]
     train_scores = train_scores if isinstance(train, list) else [train_scores]
     data = _pooled([tuning_set(n, setup, s, metric) for n, s in zip(trains, train_scores, strict=True)])
-    result = tune_weights(data, fixed=fixed, **_bounded(search, setup))
+    return data.name, tune_weights(data, fixed=fixed, **_bounded(search, setup))
+
+
+def transfer(tuned: tuple[str, TuneResult], test, test_scores, setup: Setup, metric: str):
+    """Weights tuned on other lists (``tuned_on``: the pooled lists' name and the result) applied unchanged to
+    ``test``; one tuning serves every set that takes the weights of the same lists."""
+    name, result = tuned
     test_data = tuning_set(test, setup, test_scores, metric)
     figures, details = _figures(
         test, test_data, reranked_choice(test_data, result.weights), *_baselines(test, test_data)
     )
     details["report"] = details["bootstrap"]["rescored_vs_1best"]
-    details.update({"tuned_on": data.name, "tune_before": result.baseline_metric, "tune_after": result.dev_metric})
+    details.update({"tuned_on": name, "tune_before": result.baseline_metric, "tune_after": result.dev_metric})
     details.update({"weights": result.weights, "features": list(setup.features), "definitions": setup.definitions})
     return figures, details
 

@@ -74,6 +74,7 @@ their checkpoints at less cost), on one thread (on 2 cores busy with other work,
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +82,7 @@ from pathlib import Path
 from benchmarks import common
 from benchmarks.common import DATA_DIR as DATA
 from benchmarks.common import ROOT, write_result
-from benchmarks.rescore_protocol import in_sample_ceiling, kfold, leakage, system_names, transfer
+from benchmarks.rescore_protocol import in_sample_ceiling, kfold, leakage, system_names, transfer, tuned_on
 from lmserve.rescoring.nbest import NBestList, read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup
 from lmserve.rescoring.textnorm import PRESETS
@@ -189,13 +190,18 @@ def run_wmt22(args) -> None:
             leakage=leaks[pair],
         )
     source, source_scores = lists[args.transfer_from]
+
+    @functools.cache
+    def from_source(features: str, fixed: str):  # tuned once, applied to every other pair
+        return tuned_on(source, source_scores, Setup.parse(features), "bleu", fixed, SEARCH)
+
     moved, details = {}, {}
     for pair, (nbest, scores) in lists.items():
         if pair == args.transfer_from:
             continue
         figures, details[pair] = ablated(
             lambda f, fixed, nbest=nbest, scores=scores: transfer(
-                source, source_scores, nbest, scores, Setup.parse(f), "bleu", fixed, SEARCH
+                from_source(f, fixed), nbest, scores, Setup.parse(f), "bleu"
             ),
             MT_RECIPES,
         )
@@ -264,6 +270,12 @@ def evaluated_sets(args, lists: dict[str, tuple]) -> tuple[dict, dict, dict, dic
     """K-fold CV inside each set (and the same with the tuning guard nested), and each set with the weights tuned
     on the union of the issue's sets (``HYPORADISE``) other than itself: figures and details."""
     cv, cv_details, moved, moved_details = {}, {}, {}, {}
+
+    @functools.cache
+    def tuned(others: tuple[str, ...], features: str, fixed: str):  # the further sets all take the four's weights
+        setup = Setup.parse(features, ASR_DEFINITIONS)
+        return tuned_on([lists[o][0] for o in others], [lists[o][1] for o in others], setup, "wer", fixed, SEARCH)
+
     for name, (nbest, scores) in lists.items():
         figures, cv_details[name] = ablated(
             lambda f, fixed, nbest=nbest, scores=scores: kfold(
@@ -280,11 +292,10 @@ def evaluated_sets(args, lists: dict[str, tuple]) -> tuple[dict, dict, dict, dic
         )
         cv_details[name]["guarded"] = {**guarded, **details}
         cv[f"{name}_wer_rescored_guarded"] = guarded["wer_rescored"]
-        others = [lists[o] for o in HYPORADISE if o != name]
-        tune_lists, tune_scores = [n for n, _ in others], [s for _, s in others]
+        others = tuple(o for o in HYPORADISE if o != name)
         figures, moved_details[name] = ablated(
-            lambda f, fixed, tl=tune_lists, ts=tune_scores, nbest=nbest, scores=scores: transfer(
-                tl, ts, nbest, scores, Setup.parse(f, ASR_DEFINITIONS), "wer", fixed, SEARCH
+            lambda f, fixed, others=others, nbest=nbest, scores=scores: transfer(
+                tuned(others, f, fixed), nbest, scores, Setup.parse(f, ASR_DEFINITIONS), "wer"
             ),
             ASR_RECIPES,
         )
@@ -454,8 +465,12 @@ def run_atis(args) -> None:
     for kind, (parts, test_part) in atis_parts(args, train_path, test_path).items():
         *tune_scores, (test_scores, test_about) = scored(args, [*parts, test_part])
         tune_lists, scores = [p.nbest for p in parts], [s for s, _ in tune_scores]
-        data = (tune_lists, scores, test_part.nbest, test_scores)
-        fig, det = ablated(lambda f, fixed, d=data: transfer(*d, Setup.parse(f), "wer", fixed, SEARCH), ATIS_RECIPES)
+        fig, det = ablated(
+            lambda f, fixed, tl=tune_lists, ts=scores, test=test_part.nbest, test_scores=test_scores: transfer(
+                tuned_on(tl, ts, Setup.parse(f), "wer", fixed, SEARCH), test, test_scores, Setup.parse(f), "wer"
+            ),
+            ATIS_RECIPES,
+        )
         pooled = NBestList([e for p in parts for e in p.nbest.entries], "+".join(p.nbest.name for p in parts))
         pooled_scores = [s for part_scores in scores for s in part_scores]
         _, cv = ablated(
