@@ -17,10 +17,11 @@ sentence's end the beam starts the next one. One step, four ways (the same steps
 Per way: the latency of a step (until its last answer; p50/p99), steps/s, and the server's CPU seconds for all the
 steps (/proc, server process and its children; the load generator runs on the same cores but is not counted).
 Decoders step back to back unless ``--think-ms`` gives each its own work between steps (a sleep of 0 to 2× that,
-uniformly: a real decoder's search between two LM steps, on other cores); first, one decoder alone gives the floor (``one_decoder_p99_ms``): the
-latency of a batched beam step on an otherwise idle server. Back to back, 16 decoders saturate the server and the
-latency is their number over its throughput; ``--think-curve`` runs the batched steps again at lower offered loads
-(each decoder pausing T ms between steps), for the latency a decoder sees at a given pace.
+uniformly: a real decoder's search between two LM steps, on other cores); first, one decoder alone gives the floor
+(``one_decoder_p99_ms``): the latency of a batched beam step on an otherwise idle server. Back to back, 16 decoders
+saturate the server and the latency is their number over its throughput; ``--think-curve`` runs the batched steps
+again at lower offered loads (each decoder pausing T ms on average between steps), for the latency a decoder sees at
+a given pace.
 The server: the English LM bundle with its 4-gram at λ (``benchmarks/decoding.py``), 2 scoring threads of 1 ONNX
 Runtime thread, micro-batching waits at most ``--max-wait-ms``. Metrics: ``p99_ms`` (batched), ``batched_cpu_s``,
 ``single_cpu_s``; targets p99 ≤ 15 ms and single/batched CPU ≥ 8.
@@ -65,16 +66,14 @@ class Walk:
         return "" if self.cache else b""
 
     def items(self) -> list[tuple[bytes | str, list[str]]]:
-        words = self.sentences[self.sentence]
-        true = words[self.position] if self.position < len(words) else "</s>"
+        sentence = self.sentences[self.sentence]
+        true = sentence[self.position] if self.position < len(sentence) else "</s>"
         # one draw for the whole step: the load generator shares the server's cores, and a numpy call per hypothesis
         # cost it about as much CPU as gRPC's own client side (py-spy)
-        vocab, picks = self.vocab, self.rng.integers(len(self.vocab), size=(self.beam, self.candidates)).tolist()
-        picks[0][0] = None
-        return [
-            (state, [true if i is None else vocab[i] for i in row])
-            for state, row in zip(self.states, picks, strict=True)
-        ]
+        picks = self.rng.integers(len(self.vocab), size=(self.beam, self.candidates)).tolist()
+        words = [[self.vocab[i] for i in row] for row in picks]
+        words[0][0] = true
+        return list(zip(self.states, words, strict=True))
 
     def advance(self, new_states: list) -> list:
         """The beam goes on from each hypothesis' first candidate; returns the states it dropped (cache ids)."""
