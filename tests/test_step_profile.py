@@ -4,13 +4,12 @@ a CUDA GPU, where a region's time is that of the kernels it launched rather than
 import itertools
 
 import pytest
-from test_train_device import needs_gpu
 
 from benchmarks.step_profile import book_kernels, busy_ms, profile_steps
 from lmserve.training.config import load_config
 from lmserve.training.trainer import Trainer
 
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]  # the CPU split in CI; the GPU's on a GPU machine
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.needs_gpu)]  # the CPU split in CI; the GPU's on a GPU machine
 
 
 @pytest.mark.parametrize("device", DEVICES)

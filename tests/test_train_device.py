@@ -20,12 +20,6 @@ from lmserve.training.corpus import encode_file
 from lmserve.training.evaluate import evaluate
 from lmserve.training.trainer import make_batcher
 
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason="trains on a CUDA GPU, which PyTorch does not see here (run on a GPU machine: "
-    "pytest tests/test_train_device.py tests/test_step_profile.py)",
-)
-
 # (head, objective overrides, precision): each head and a sampled objective, so every buffer and noise draw meets the
 # GPU, and in bf16 the heads and a sampled objective whose loss mixes matrix products with float32 reductions
 RUNS = [
@@ -51,7 +45,7 @@ def test_a_device_this_machine_lacks_is_a_clear_error(tmp_path, write_config, ca
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@needs_gpu
+@pytest.mark.needs_gpu
 @pytest.mark.parametrize(
     ("head", "objective", "precision"), RUNS, ids=[f"{h}-{o.get('type', 'ce')}-{p}" for h, o, p in RUNS]
 )
@@ -74,7 +68,7 @@ def test_gpu_run_learns_and_its_checkpoint_evaluates_the_same_on_the_cpu(
     assert on_cpu.ppl == pytest.approx(results["test"]["ppl"], rel=1e-4)
 
 
-@needs_gpu
+@pytest.mark.needs_gpu
 def test_gpu_run_stopped_by_ctrl_c_resumes_to_the_uninterrupted_result(tmp_path):
     """Stream mode (the carried LSTM state comes back to the GPU) and importance sampling (its noise draws come from
     the GPU's generator, which the checkpoint keeps). Without dropout: cuDNN draws the masks between LSTM layers from

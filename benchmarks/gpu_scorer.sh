@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, with .gpu/ carried (benchmarks/gpu_carry.py made it; its docstring
+# says why in two calls): onnxruntime-gpu and the packages the machine lacks installed into $SITE, then the needs_gpu
+# scorer tests and benchmarks.gpu_scorer on the bundle and lists in .gpu/; results and logs go to $OUT. Extra arguments
+# go to gpu_scorer.py.
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+OUT=${OUT:?set OUT to the folder the results go to}
+SITE=${SITE:-/tmp/site}
+for part in prov ort whl whlA bundle lists; do
+    [ -e ".gpu/$part" ] || { echo "no .gpu/$part here: carry it (benchmarks/gpu_carry.py)" >&2; exit 2; }
+done
+rm -rf "$SITE" && mkdir -p "$SITE/onnxruntime/capi"
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .gpu/whl/*.whl .gpu/whlA/*.whl
+tar -xJf .gpu/ort/onnxruntime.tar.xz -C "$SITE"
+xz -dc .gpu/prov/libonnxruntime_providers_cuda.so.xz > "$SITE/onnxruntime/capi/libonnxruntime_providers_cuda.so"
+export PYTHONPATH="$SITE:$PWD"
+# the CUDA 13 and cuDNN libraries of torch's nvidia-* wheels, which the provider loads
+LIBS=$($PY -c "import glob, os, site
+print(':'.join(sorted({os.path.dirname(p) for d in site.getsitepackages()
+                       for p in glob.glob(os.path.join(d, 'nvidia', '**', 'lib*.so*'), recursive=True)})))")
+export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+$PY -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
+timeout "${TEST_SECONDS:-200}" $PY -m pytest -m needs_gpu tests/test_scorer_gpu.py -q -p no:cacheprovider \
+    > "$OUT/tests_scorer.log" 2>&1 || echo "GPU scorer tests failed (see tests_scorer.log); the benchmark runs anyway"
+tail -3 "$OUT/tests_scorer.log"
+$PY -m benchmarks.gpu_scorer --bundle .gpu/bundle --list .gpu/lists/dev_other500.jsonl.gz --results "$OUT" "$@" 2>&1 \
+    | tee "$OUT/gpu_scorer.log"
