@@ -112,8 +112,8 @@ def test_server_device_reaches_the_scorers(bundles, tmp_path):
 @pytest.mark.needs_gpu
 @pytest.mark.parametrize("head", ["full", "adaptive"])
 def test_cuda_scorer_matches_the_cpu_scorer(bundles, head):
-    """Sentences, n-best lists (prefix-shared steps and tails) and decoder steps, with states kept on the GPU
-    between steps: within 1e-4 of the CPU scorer."""
+    """Sentences, n-best lists (read whole on the GPU, prefix-shared on the CPU) and decoder steps, with states kept
+    on the GPU between steps: within 1e-4 of the CPU scorer."""
     if not HAS_CUDA_PROVIDER:
         pytest.skip(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider: pip install 'lmserve[gpu]'")
     bundle = bundles[(head, 0.0)][1]
