@@ -56,6 +56,28 @@ def lists_seconds(scorer: Scorer, lists: list[list[str]], per_call: int) -> floa
     return time.perf_counter() - start
 
 
+def graph_share(scorer: Scorer, lists: list[list[str]], per_call: int) -> dict:
+    """One more pass of :func:`lists_seconds` with every graph run timed: the share of the wall time spent inside
+    onnxruntime (the rest is Python: reading, batching, per-word sums) and the runs per call."""
+    spent = []
+    for session in scorer.sessions.values():
+
+        def timed(*args, run=session.run, **kwargs):
+            start = time.perf_counter()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - start)
+
+        session.run = timed
+    try:
+        seconds = lists_seconds(scorer, lists, per_call)
+    finally:
+        for session in scorer.sessions.values():
+            del session.run
+    return {"graph_share": sum(spent) / seconds, "runs_per_call": len(spent) / -(-len(lists) // per_call)}
+
+
 def step_latencies(scorer: Scorer, rows: int, steps: int, device_states: bool, seed: int = 0) -> list[float]:
     """Milliseconds of each of ``steps`` chained ``step`` runs over ``rows`` states from the sentence start, each
     hypothesis reading a word drawn from the vocabulary (the words change the work of no head but the adaptive's
@@ -82,6 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lists", type=int, default=500, help="the first this many lists of --list")
     parser.add_argument("--lists-per-call", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-batch-tokens", type=int, default=0, help="of the --device scorer (0: its default)")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads of each scorer (0: all cores)")
     parser.add_argument("--decoders", type=int, default=16)
     parser.add_argument("--beam", type=int, default=32)
@@ -93,7 +116,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     normalizer = PRESETS[args.normalize] if args.normalize else None
     scorers = {  # one scorer for both with --device cpu
-        device: Scorer(args.bundle, threads=args.threads, device=device, normalizer=normalizer)
+        device: Scorer(
+            args.bundle,
+            threads=args.threads,
+            device=device,
+            normalizer=normalizer,
+            max_batch_tokens=args.max_batch_tokens if device == args.device else 0,
+        )
         for device in (args.device, "cpu")
     }
     measured, cpu = scorers[args.device], scorers["cpu"]
@@ -104,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         {device: lambda s=scorer: lists_seconds(s, lists, args.lists_per_call) for device, scorer in scorers.items()},
         args.rounds,
     )
+    graph_time = {device: graph_share(scorer, lists, args.lists_per_call) for device, scorer in scorers.items()}
+    print("graph time", json.dumps(graph_time), flush=True)
 
     rows = args.beam * args.decoders
     ways = {"device_states": (measured, True), "host_states": (measured, False), "cpu": (cpu, False)}
@@ -129,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
         lists=len(lists),
         hypotheses=sum(len(hyps) for hyps in lists),
         lists_per_call=args.lists_per_call,
+        max_batch_tokens={device: s.max_batch_tokens for device, s in scorers.items()},
+        graph_time=graph_time,
         rounds=args.rounds,
         threads=args.threads,
         step={"decoders": args.decoders, "beam": args.beam, "rows": rows, "candidates": 1, "ways": steps},

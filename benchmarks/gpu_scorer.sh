@@ -2,7 +2,7 @@
 # On the GPU machine, from the repository root, with .gpu/ carried (benchmarks/gpu_carry.py made it; its docstring
 # says why in two calls): onnxruntime-gpu and the packages the machine lacks installed into $SITE, then the needs_gpu
 # scorer tests and benchmarks.gpu_scorer on the bundle and lists in .gpu/; results and logs go to $OUT. Extra arguments
-# go to gpu_scorer.py.
+# go to gpu_scorer.py; VARIANT="ARGS" runs it once more with those arguments added, into $OUT/variant.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
@@ -28,3 +28,8 @@ timeout "${TEST_SECONDS:-200}" $PY -m pytest -m needs_gpu tests/test_scorer_gpu.
 tail -3 "$OUT/tests_scorer.log"
 $PY -m benchmarks.gpu_scorer --bundle .gpu/bundle --list .gpu/lists/dev_other500.jsonl.gz --results "$OUT" "$@" 2>&1 \
     | tee "$OUT/gpu_scorer.log"
+if [ -n "${VARIANT:-}" ]; then
+    # shellcheck disable=SC2086  # VARIANT holds several arguments
+    $PY -m benchmarks.gpu_scorer --bundle .gpu/bundle --list .gpu/lists/dev_other500.jsonl.gz \
+        --results "$OUT/variant" "$@" $VARIANT 2>&1 | tee "$OUT/gpu_scorer_variant.log"
+fi

@@ -103,7 +103,8 @@ def main() -> None:
         for mode in modes:
             sets = [*overrides, *(f'data.{split}="{data}"' for split in ("train", "valid", "test"))]
             trainer = Trainer.fresh(load_config(CONFIG, [*sets, f'train.compile="{mode}"']), Path(tmp) / mode)
-            data = str(trainer.run_dir / "data") if not args.data else data  # text prepared once, for every mode
+            if mode == modes[0] and not args.data:  # the text is prepared once, by the first mode's trainer
+                data = str(trainer.run_dir / "data")
             steps = itertools.islice(trainer.train_steps(0), args.steps)
             steps = [[b.pin_memory() if cuda else b for b in micro] for micro in steps]
             start = time.perf_counter()
