@@ -9,11 +9,18 @@ of it the CUDA provider library, whose ``.nv_fatbin`` section holds each kernel 
 its layout, offsets and symbols; the loader picks the sm_90 entry and never reads the rest) and xz packs the zeros to
 nothing: 284 MB -> 52 MB. It is one carry; the rest of onnxruntime, the wheels the machine lacks (jiwer, kenlm built
 with ``--python312``, gRPC's health and reflection, grpcio and protobuf as new as lmserve's generated code needs) go
-in another, with the bundle and lists benchmarks/gpu_scorer.sh measures. The machine stays warm for 30 s after a
-call, and ignored paths carried by the first call are still there for the second: benchmarks/gpu_scorer.sh checks.
+in another, with the bundle and lists benchmarks/gpu_scorer.sh measures.
+
+A call's tree replaces what an earlier call carried, warm machine or not, so the first call copies its carry out of
+the tree and the second copies it back (as done for gpu_scorer.json, each call right after the last):
+
+    carry .gpu/prov .gpu/whlA .gpu/lists:  mkdir -p /tmp/keep && cp -r .gpu/prov .gpu/whlA .gpu/lists /tmp/keep/
+    carry .gpu/ort .gpu/whl .gpu/bundle:   cp -r /tmp/keep/* .gpu/ && OUT=$OUT bash benchmarks/gpu_scorer.sh
 
 Layout written (each a separate ``carry`` path): ``.gpu/prov`` (the provider, xz), ``.gpu/ort`` (the rest of the
-onnxruntime-gpu wheel, tar.xz), ``.gpu/whl`` and ``.gpu/whlA`` (wheels, split to balance the two carries).
+onnxruntime-gpu wheel, tar.xz), ``.gpu/whl`` and ``.gpu/whlA`` (wheels, split to balance the two carries). The bundle
+and lists are made apart: ``.gpu/bundle`` an ``lm-train export --weights int8`` (30 MiB for the English LM's shapes),
+``.gpu/lists/dev_other500.jsonl.gz`` the first 500 dev_other lists written by ``write_nbest(..., "jsonl")``.
 """
 
 from __future__ import annotations
