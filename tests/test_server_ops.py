@@ -249,9 +249,9 @@ def test_sigterm_drains_the_calls_in_flight_and_refuses_new_ones(bundles, tmp_pa
 
 
 def test_calls_cut_short_when_the_grace_period_runs_out_leave_a_json_log(bundles, tmp_path):
-    """Past ``grace_seconds`` the calls in flight are cancelled: they get UNAVAILABLE or CANCELLED, the server exits 0,
-    and every line of its log is JSON (issue 34: gRPC's own task of each such call, left for ``asyncio.run`` to
-    cancel, printed a bare CancelledError traceback into the log)."""
+    """Past ``grace_seconds`` the calls still in flight are cancelled: they get UNAVAILABLE or CANCELLED, the server
+    exits 0, and every line of its log is JSON (issue 34: gRPC's own task of each such call, left for ``asyncio.run``
+    to cancel, printed a bare CancelledError traceback into the log)."""
     config = write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1])
     config.write_text(config.read_text().replace("grace_seconds = 60.0", "grace_seconds = 0.2"))
     with ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server:
@@ -260,7 +260,10 @@ def test_calls_cut_short_when_the_grace_period_runs_out_leave_a_json_log(bundles
         server.wait_for(lambda r: r.get("message") == "call started" and r["method"] == "RescoreKBest", 30, count=3)
         server.send(signal.SIGTERM)
         assert server.wait() == 0
-    codes = {call.exception().code() for call in calls}
+    # one worker runs the calls in turn: the first may end inside the grace (seen in CI), the last cannot
+    cut = [call.exception() for call in calls if call.exception() is not None]
+    assert cut, "all three calls ended inside 0.2 s: the requests are too quick to test the cut"
+    codes = {error.code() for error in cut}
     assert codes <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}, codes
     assert not [r["message"] for r in server.records if r.get("level") == "raw"]  # every line JSON
     lines = [r["message"] for r in server.records if r.get("level") != "debug"]
