@@ -175,7 +175,7 @@ class Scorer:
         too) is a BundleError naming the file, not onnxruntime's own exception."""
         path = self.bundle.graph_path(name)
         try:
-            providers = [(name, PROVIDER_OPTIONS.get(name, {})) for name in self.providers]
+            providers = [(provider, PROVIDER_OPTIONS.get(provider, {})) for provider in self.providers]
             session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as e:  # onnxruntime's InvalidProtobuf, Fail, ...: no common base class but Exception
             raise BundleError(f"{path}: ONNX Runtime cannot load the {name!r} graph: {type(e).__name__}: {e}") from e
