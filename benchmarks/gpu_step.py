@@ -1,5 +1,5 @@
-"""The training step without launch stalls: today's eager bf16 step against ``train.compile = compile`` and
-``cuda_graphs`` on the same batches -> gpu_step.json
+"""The training step without launch stalls: today's eager bf16 step against ``train.compile = compile``,
+``cuda_graphs`` and ``compile_graphs`` on the same batches -> gpu_step.json
 
     python -m benchmarks.gpu_step [--data PREPARED] [--steps 40] [--rounds 3] [--results DIR]
     python -m benchmarks.gpu_step --device cpu --tiny --results /tmp/gpu_step   # a smoke test without a GPU
@@ -15,7 +15,7 @@ Every step kind trains the same batches from the same initial weights: once over
 the captures of every shape happen there, timed as ``first_pass_s``), then timed in turns with the others
 (benchmarks.common.time_interleaved) for tokens/s, and once more under torch.profiler for how busy the GPU was: the
 time at least one kernel ran (benchmarks.step_profile's ``busy_ms`` over its ``kernels``) over the unprofiled wall
-time of the same steps. ``bf16_tokens_per_s`` and ``gpu_busy`` are the faster of the two new steps'.
+time of the same steps. ``bf16_tokens_per_s`` and ``gpu_busy`` are the fastest new step's.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         nargs="+",
-        choices=("compile", "cuda_graphs"),
+        choices=("compile", "cuda_graphs", "compile_graphs"),
         help="new steps to measure (default: those the device has)",
     )
     args = parser.parse_args()
@@ -89,8 +89,8 @@ def main() -> None:
         parser.error(f"--device {args.device}: PyTorch {torch.__version__} sees no CUDA GPU here (--device cpu --tiny)")
     overrides = [f'train.device="{args.device}"', *(TINY if args.tiny else [])]
     cfg = load_config(CONFIG, overrides)
-    modes = ["none", *(args.modes or ["compile", *(["cuda_graphs"] if cuda else [])])]
-    rows, runs = {}, {}
+    modes = ["none", *(args.modes or ["compile", *(["cuda_graphs", "compile_graphs"] if cuda else [])])]
+    rows, runs, failed = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or str(
             synthetic_text(
@@ -108,7 +108,14 @@ def main() -> None:
             steps = itertools.islice(trainer.train_steps(0), args.steps)
             steps = [[b.pin_memory() if cuda else b for b in micro] for micro in steps]
             start = time.perf_counter()
-            run_steps(trainer, steps)
+            try:
+                run_steps(trainer, steps)
+            except Exception as err:  # a lease is short: a new step that fails is recorded, the others measured
+                if mode == "none":
+                    raise
+                failed[mode] = f"{type(err).__name__}: {err}"
+                print(mode, "failed:", failed[mode], flush=True)
+                continue
             tokens = sum(micro[0].num_tokens for micro in steps)
             rows[mode] = {"first_pass_s": time.perf_counter() - start, "steps": len(steps), "tokens": tokens}
             runs[mode] = (trainer, steps)
@@ -121,7 +128,9 @@ def main() -> None:
             rows[mode]["step_ms"] = seconds[mode] * 1e3 / len(steps)
             rows[mode]["gpu_busy"] = profiled_busy_ms(trainer, steps) / (seconds[mode] * 1e3) if cuda else None
             print(mode, rows[mode], flush=True)
-    best = max(modes[1:], key=lambda mode: rows[mode]["tokens_per_s"])
+    if len(runs) == 1:
+        parser.exit(1, f"every new step failed: {failed}\n")
+    best = max((mode for mode in runs if mode != "none"), key=lambda mode: rows[mode]["tokens_per_s"])
     write_result(
         "gpu_step",
         {
@@ -135,6 +144,7 @@ def main() -> None:
             **{f"gpu_busy: {mode}": row["gpu_busy"] for mode, row in rows.items()},
         },
         rows=rows,
+        failed=failed,
         config=str(CONFIG.relative_to(ROOT)),
         overrides=overrides,
         data=args.data or "synthetic",

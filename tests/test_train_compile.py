@@ -23,8 +23,9 @@ GPU_RTOL = 2e-2
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        (["train.compile=fast"], "train.compile = 'fast', expected one of none, compile, cuda_graphs"),
+        (["train.compile=fast"], "train.compile = 'fast', expected one of none, compile, cuda_graphs, compile_graphs"),
         (["train.compile=cuda_graphs"], "it needs train.device = cuda or cuda:N, got 'cpu'"),
+        (["train.compile=compile_graphs"], "it needs train.device = cuda or cuda:N, got 'cpu'"),
         (['train.compile="compile"', 'head.type="tree"'], "it needs head.type = full or adaptive, got tree"),
         (['train.compile="compile"', 'objective.type="nce"'], "needs objective.type = cross_entropy"),
         (['train.compile="compile"', "model.dropout=0.1"], "needs model.dropout = 0 and train.accumulate = 1"),
@@ -88,7 +89,8 @@ def test_a_compiled_run_trains_to_the_end(tmp_path, write_config):
 
 
 @pytest.mark.parametrize(
-    "compile_mode", [pytest.param(m, marks=pytest.mark.needs_gpu) for m in ("compile", "cuda_graphs")]
+    "compile_mode",
+    [pytest.param(m, marks=pytest.mark.needs_gpu) for m in ("compile", "cuda_graphs", "compile_graphs")],
 )
 @pytest.mark.parametrize("mode", ["sentence", "stream"])
 def test_gpu_steps_train_as_the_eager_bf16_step(tmp_path, write_config, mode, compile_mode):

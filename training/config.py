@@ -195,7 +195,8 @@ class TrainConfig:
     prefetch: int = 2  # steps of batches built ahead by a background thread (0 = none); pinned memory on a GPU
     # none: the eager step; compile: torch.compile of the forward and backward (CUDA graphs through mode
     # "reduce-overhead" on a GPU); cuda_graphs: forward, backward, clipping and Adam captured as CUDA graphs (a GPU
-    # only). Both score batches in static shapes built on the CPU (training/fast_step.py says how and what they need).
+    # only); compile_graphs: the compiled loss inside cuda_graphs' captures (a GPU only). All score batches in static
+    # shapes built on the CPU (training/fast_step.py says how and what they need).
     compile: str = "none"
 
 
@@ -242,7 +243,7 @@ _CHOICES = {
     ("schedule", "type"): ("fixed", "plateau", "linear"),
     ("train", "loss_reduction"): ("sequence_sum", "token_mean"),
     ("train", "precision"): ("fp32", "bf16"),
-    ("train", "compile"): ("none", "compile", "cuda_graphs"),
+    ("train", "compile"): ("none", "compile", "cuda_graphs", "compile_graphs"),
 }
 
 
@@ -360,15 +361,19 @@ def _check_data_and_stopping(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: train.early_stop_patience = {patience}, expected 0 (off) or more evaluations")
 
 
+CAPTURED = ("cuda_graphs", "compile_graphs")  # the train.compile modes that capture the whole step (a GPU only)
+COMPILED = ("compile", "compile_graphs")  # those that torch.compile the loss
+
+
 def _check_compile(config: Config, source: str) -> None:
     """What the static-shape steps of training/fast_step.py support, checked before any data is read."""
     t, mode = config.train, config.train.compile
     if mode == "none":
         return
     where = f"{source}: train.compile = {mode}"
-    if mode == "cuda_graphs" and not t.device.startswith("cuda"):
+    if mode in CAPTURED and not t.device.startswith("cuda"):
         raise ConfigError(f"{where} captures CUDA graphs: it needs train.device = cuda or cuda:N, got {t.device!r}")
-    if mode == "cuda_graphs" and config.optimizer.name != "adam":
+    if mode in CAPTURED and config.optimizer.name != "adam":
         raise ConfigError(
             f"{where} captures the update with the learning rate on the GPU: it needs optimizer.name = "
             f"adam, got {config.optimizer.name}"

@@ -1,4 +1,4 @@
-"""The training step without launch stalls (``train.compile = "compile" | "cuda_graphs"``).
+"""The training step without launch stalls (``train.compile = "compile" | "cuda_graphs" | "compile_graphs"``).
 
 On a GPU the eager step of the 2x1024 LibriSpeech LM keeps the GPU busy only half the time: the CPU launches many
 small kernels, and the step waits for the GPU three times (the boolean mask that drops padding, the adaptive
@@ -21,7 +21,11 @@ clipping and fused Adam as in the eager step. ``cuda_graphs``: one ``torch.cuda.
 backward, clipping and the capturable Adam update with its learning rate read from a GPU tensor; the first batch of
 a shape trains eagerly through the same code (the warm-up a capture needs), later ones are copied into the graph's
 static inputs and replayed. The graphs share one memory pool: they never run at once, and what one leaves behind (its
-outputs) is read before the next replays.
+outputs) is read before the next replays. ``compile_graphs``: both, the compiled loss (inductor's default mode, no
+CUDA graphs of its own) captured with the LSTM, clipping and Adam in ``cuda_graphs``' graphs. On an H100, compile
+ran the LibriSpeech LM's bf16 step 1.43x as fast as the eager one with the GPU busy 45% of the time, and the capture
+1.24x at 60% (docs/benchmarks/gpu.md): compile fuses the head's loss terms but launches the LSTM eagerly, the capture
+launches nothing but runs the unfused head.
 
 Differences from the eager step: a tail cluster with no target in a batch gets a zero gradient (Adam moves it by its
 momentum) where the eager step leaves it out of the update; the bf16 products run on padded shapes, so losses agree
@@ -39,6 +43,7 @@ import numpy as np
 import torch
 
 from lmserve.training.batching import Batch
+from lmserve.training.config import CAPTURED, COMPILED
 from lmserve.training.heads.adaptive import AdaptiveSoftmax
 from lmserve.training.model import LSTMLM
 
@@ -155,37 +160,41 @@ def routed_loss(model: LSTMLM, batch: RoutedBatch, h0: torch.Tensor, c0: torch.T
 
 
 class FastStep:
-    """The step of ``train.compile = compile | cuda_graphs`` on routed batches: ``(batch, state, scale) -> (summed
-    NLL, state to carry)``; the caller sets the learning rate in the optimizer's groups first."""
+    """The step of ``train.compile = compile | cuda_graphs | compile_graphs`` on routed batches: ``(batch, state,
+    scale) -> (summed NLL, state to carry)``; the caller sets the learning rate in the optimizer's groups first."""
 
     def __init__(self, mode: str, model: LSTMLM, optimizer: torch.optim.Optimizer, clip_norm: float, bf16: bool):
         self.mode, self.model, self.optimizer, self.clip_norm = mode, model, optimizer, clip_norm
+        self.captures = mode in CAPTURED
         self.device = next(model.parameters()).device
         lstm = model.lstm
         self.state_shape = (lstm.num_layers, lstm.hidden_size)
         # a capture must not cache autocast's casts of the weights: the cache would hold the first step's copies
         self.autocast = (
-            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=mode != "cuda_graphs"))
+            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.captures))
             if bf16
             else contextlib.nullcontext
         )
-        cuda = self.device.type == "cuda"
+        # compile alone replays its own CUDA graphs on a GPU; inside a capture of ours it must not
+        own_graphs = mode == "compile" and self.device.type == "cuda"
         self.loss = (
-            torch.compile(routed_loss, mode="reduce-overhead" if cuda else None) if mode == "compile" else routed_loss
+            torch.compile(routed_loss, mode="reduce-overhead" if own_graphs else None)
+            if mode in COMPILED
+            else routed_loss
         )
         self.scale = torch.zeros((), device=self.device)
         self.graphs: dict[int, _Graph] = {}  # T -> the graph captured for that T's current shape
         self.pool = None
 
     def __call__(self, batch: RoutedBatch, state, scale: float):
-        if self.mode == "cuda_graphs":
+        if self.captures:
             graph = self.graphs.get(batch.inputs.shape[0])
             if graph is not None and graph.shape == batch.shape:
                 return graph.replay(batch, state, scale, self.optimizer.param_groups[0]["lr"])
         if self.mode == "compile" and self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs may be overwritten now
         nll, state = self._eager(batch, state, scale)
-        if self.mode == "cuda_graphs":
+        if self.captures:
             self.graphs[batch.inputs.shape[0]] = _Graph(self, batch)
         return nll, state
 
@@ -208,11 +217,11 @@ class FastStep:
         self.scale.fill_(scale)
         batch = batch.to(self.device)
         h0, c0 = state if state is not None else self.initial_state(batch.inputs.shape[1])
-        side = torch.cuda.Stream() if self.mode == "cuda_graphs" else None
+        side = torch.cuda.Stream() if self.captures else None
         if side is not None:
             side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            nll, h, c = self.forward_backward_update(batch, h0, c0, grads_to_none=self.mode != "cuda_graphs")
+            nll, h, c = self.forward_backward_update(batch, h0, c0, grads_to_none=not self.captures)
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)
         return nll.item(), (h.clone(), c.clone())  # a compiled step's outputs are overwritten by its next replay
@@ -250,7 +259,7 @@ class _Graph:
                 g["lr"] = lr
         step.pool = self.graph.pool()
         if [p.grad.data_ptr() for p in params] != before:
-            raise RuntimeError("train.compile = cuda_graphs: the captured backward pass moved a gradient")
+            raise RuntimeError(f"train.compile = {step.mode}: the captured backward pass moved a gradient")
 
     def replay(self, batch: RoutedBatch, state, scale: float, lr: float):
         for static, value in zip(self.batch.tensors(), batch.tensors(), strict=True):

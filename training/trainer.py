@@ -40,7 +40,7 @@ from lmserve.training.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from lmserve.training.config import Config, expand_data_path, resumed_config
+from lmserve.training.config import CAPTURED, Config, expand_data_path, resumed_config
 from lmserve.training.corpus import EncodedCorpus
 from lmserve.training.curves import MetricsLog, plot_curves
 from lmserve.training.distributed import Distributed, setup, step_seed
@@ -83,8 +83,8 @@ class _StopFlag:
 def build_optimizer(model: LSTMLM, cfg: Config) -> torch.optim.Optimizer:
     """Adam's update is one fused kernel over all parameters, on the CPU too: the per-tensor loop took a quarter of a
     PTB step and a third of the LibriSpeech LM's (BENCHMARKS.md, "Where a step's time goes"); SGD is fused on GPUs.
-    ``train.compile = cuda_graphs`` captures Adam's update in a graph, which needs its step counts on the GPU
-    (``capturable``)."""
+    ``train.compile = cuda_graphs`` (and ``compile_graphs``) captures Adam's update in a graph, which needs its step
+    counts on the GPU (``capturable``)."""
     o = cfg.optimizer
     on_gpu = next(model.parameters()).is_cuda
     if o.name == "sgd":
@@ -92,7 +92,7 @@ def build_optimizer(model: LSTMLM, cfg: Config) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, **fused)
     if o.name == "adagrad":
         return torch.optim.Adagrad(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
-    capturable = cfg.train.compile == "cuda_graphs"
+    capturable = cfg.train.compile in CAPTURED
     return torch.optim.Adam(model.parameters(), lr=o.lr, weight_decay=o.weight_decay, fused=True, capturable=capturable)
 
 
