@@ -1,6 +1,6 @@
 """What a lent GPU machine lacks for the GPU scorer, packed into .gpu/ in pieces that fit its 64 MiB carries.
 
-    python -m benchmarks.gpu_carry --python312 ~/.pyenv/versions/3.12.1/bin/python --bundle .gpu/bundle
+    python -m benchmarks.gpu_carry --python312 ~/.pyenv/versions/3.12.1/bin/python
 
 The lent H100/H200 machines run Python 3.12 with torch and the CPU onnxruntime, reach no package index, and take at
 most 64 MiB of working tree a call (/work/.library/device/README.md). onnxruntime-gpu's wheel is 255 MB, nearly all

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: the GPU tests of train.compile (faster steps against the eager one);
 # benchmarks/gpu_step.py with the captured step alone (a result in $OUT/cuda_graphs_only even if compiling outlasts
-# the lease), then with both new steps (eager bf16 step against compile and cuda_graphs on synthetic batches of the
-# LibriSpeech LM's shapes: $OUT/gpu_step.json), at most COMPILE_SECONDS; then the other needs_gpu training tests,
+# the lease), then with every new step (eager bf16 step against compile, cuda_graphs and compile_graphs on synthetic
+# batches of the LibriSpeech LM's shapes: $OUT/gpu_step.json), at most COMPILE_SECONDS; then the other needs_gpu training tests,
 # at most TEST_SECONDS. Results and logs go to $OUT. Extra arguments go to gpu_step.py (here, without a GPU:
 # OUT=/tmp/gpu_step bash benchmarks/gpu_step.sh --device cpu --tiny --steps 4 --rounds 1, which skips the GPU parts).
 set -euo pipefail
@@ -19,7 +19,7 @@ if nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; then
     tail -2 "$OUT/gpu_step_cuda_graphs.log"
 fi
 timeout "${COMPILE_SECONDS:-300}" $PY -m benchmarks.gpu_step --results "$OUT" "$@" 2>&1 | tee "$OUT/gpu_step.log" \
-    || echo "gpu_step with both new steps failed or outlasted ${COMPILE_SECONDS:-300} s"
+    || echo "gpu_step with every new step failed or outlasted ${COMPILE_SECONDS:-300} s"
 if nvidia-smi -L > /dev/null; then
     pytest tests/test_train_device.py tests/test_step_profile.py > "$OUT/tests_train.log" 2>&1 || echo "GPU tests failed"
     tail -3 "$OUT/tests_train.log"

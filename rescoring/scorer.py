@@ -467,7 +467,7 @@ class Scorer:
         """Each list's hypotheses scored, their shared prefixes read once (:meth:`_run_forest`) on the CPU. On the GPU
         every hypothesis is read whole through ``sentences`` in the GPU's large batches instead: the forest's one
         ``step`` run per depth is a chain of small runs, each waiting for the last, and an H100 scored 30-best lists
-        that way only 1.3x as fast as its 16 CPU cores (gpu_scorer.json before this)."""
+        that way only 1.3x as fast as its 16 CPU cores (docs/benchmarks/scorer.md, "The scorer on a GPU")."""
         if self.device == "cuda":
             flat = self.score([h for hyps in lists for h in hyps])
             bounds = np.cumsum([0, *map(len, lists)])

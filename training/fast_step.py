@@ -176,9 +176,9 @@ class FastStep:
             else contextlib.nullcontext
         )
         # compile alone replays its own CUDA graphs on a GPU; inside a capture of ours it must not
-        own_graphs = mode == "compile" and self.device.type == "cuda"
+        self.own_graphs = mode == "compile" and self.device.type == "cuda"
         self.loss = (
-            torch.compile(routed_loss, mode="reduce-overhead" if own_graphs else None)
+            torch.compile(routed_loss, mode="reduce-overhead" if self.own_graphs else None)
             if mode in COMPILED
             else routed_loss
         )
@@ -191,7 +191,7 @@ class FastStep:
             graph = self.graphs.get(batch.inputs.shape[0])
             if graph is not None and graph.shape == batch.shape:
                 return graph.replay(batch, state, scale, self.optimizer.param_groups[0]["lr"])
-        if self.mode == "compile" and self.device.type == "cuda":
+        if self.own_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs may be overwritten now
         nll, state = self._eager(batch, state, scale)
         if self.captures:

@@ -10,9 +10,10 @@ each cost one LM call.
 
 :class:`LMServeLanguageModel` answers pyctcdecode's questions as its KenLM ``LanguageModel`` does, in natural logs:
 a word scores ``alpha * ln p(word | history) + beta`` (plus ``unk_score_offset`` for a word outside the neural
-vocabulary, which the LM scores as ``<unk>``, or one it does not spell as written: ``DecoderLM.as_written``), the last word of an utterance also ``alpha * ln p(</s> | ...)`` (with
-``score_boundary``; the neural LM always starts from ``<s>``), a partial word ``unk_score_offset`` (scaled by length
-past 6 characters) once no vocabulary word starts with it as written. The word boundary: ``rescoring.decoders``.
+vocabulary, which the LM scores as ``<unk>``, or one it does not spell as written: ``DecoderLM.as_written``), the
+last word of an utterance also ``alpha * ln p(</s> | ...)`` (with ``score_boundary``; the neural LM always starts
+from ``<s>``), a partial word ``unk_score_offset`` (scaled by length past 6 characters) once no vocabulary word
+starts with it as written. The word boundary: ``rescoring.decoders``.
 
 pyctcdecode itself asks for one (state, word) at a time. :class:`BatchedBeamSearchDecoderCTC` (what
 :func:`build_ctcdecoder` makes) first gathers every word that a frame's beams complete and scores them in one LM call
