@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 import benchmarks.common as common
 from benchmarks.common import ROOT, time_interleaved, write_result
@@ -79,6 +81,52 @@ def graph_share(scorer: Scorer, lists: list[list[str]], per_call: int) -> dict:
     return {"graph_share": sum(spent) / seconds, "runs_per_call": len(spent) / -(-len(lists) // per_call)}
 
 
+def op_profile(scorer: Scorer, lists: list[list[str]], per_call: int, top: int = 12) -> dict:
+    """One more pass with onnxruntime's profiler on twins of the scorer's sessions (made as the scorer's): per graph
+    its runs and their time, and per kind of node (graph, op, provider) its summed time, the ``top`` kinds by time.
+    On the CUDA provider a node's time is what the host spent on it, launching kernels or waiting for the device (a
+    node whose output's size the host must know, such as NonZero, or a copy to the host); a run's time beyond its
+    nodes' is onnxruntime's own."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = scorer.options.intra_op_num_threads
+    options.inter_op_num_threads = 1
+    options.enable_profiling = True
+    plain = dict(scorer.sessions)
+    events: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in plain:
+            options.profile_file_prefix = str(Path(tmp) / name)
+            path = str(scorer.bundle.graph_path(name))
+            scorer.sessions[name] = ort.InferenceSession(path, options, providers=scorer.session_providers())
+        try:
+            lists_seconds(scorer, lists, per_call)
+        finally:
+            profiled, scorer.sessions = scorer.sessions, plain
+        for name, session in profiled.items():
+            events[name] = json.loads(Path(session.end_profiling()).read_text())
+    graphs, kinds = {}, {}
+    for name, trace in events.items():
+        runs = [e["dur"] for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"]
+        if runs:
+            graphs[name] = {"runs": len(runs), "run_ms": sum(runs) / 1000}
+        for e in trace:
+            if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+                key = (name, e["args"].get("op_name", "?"), e["args"].get("provider", "?"))
+                kinds.setdefault(key, []).append(e["dur"])
+    node_us = sum(sum(d) for d in kinds.values())
+    ranked = sorted(kinds.items(), key=lambda kv: -sum(kv[1]))
+    return {
+        "graphs": graphs,
+        "run_ms": sum(g["run_ms"] for g in graphs.values()),
+        "node_ms": node_us / 1000,
+        "providers": sorted({provider for _, _, provider in kinds}),
+        "top": [
+            {"graph": g, "op": op, "provider": p, "ms": sum(d) / 1000, "share": sum(d) / node_us, "nodes": len(d)}
+            for (g, op, p), d in ranked[:top]
+        ],
+    }
+
+
 def step_latencies(scorer: Scorer, rows: int, steps: int, device_states: bool, seed: int = 0) -> list[float]:
     """Milliseconds of each of ``steps`` chained ``step`` runs over ``rows`` states from the sentence start, each
     hypothesis reading a word drawn from the vocabulary (the words change the work of no head but the adaptive's
@@ -107,6 +155,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-batch-tokens", type=int, default=0, help="of the --device scorer (0: its default)")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads of each scorer (0: all cores)")
+    parser.add_argument(
+        "--no-overlap", action="store_true", help="the --device scorer reads the next part only after each run"
+    )
     parser.add_argument("--decoders", type=int, default=16)
     parser.add_argument("--beam", type=int, default=32)
     parser.add_argument("--steps", type=int, default=300, help="measured decoder steps per way")
@@ -123,6 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
             device=device,
             normalizer=normalizer,
             max_batch_tokens=args.max_batch_tokens if device == args.device else 0,
+            overlap=False if args.no_overlap and device == args.device else None,
         )
         for device in (args.device, "cpu")
     }
@@ -136,6 +188,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     graph_time = {device: graph_share(scorer, lists, args.lists_per_call) for device, scorer in scorers.items()}
     print("graph time", json.dumps(graph_time), flush=True)
+    ops = op_profile(measured, lists, args.lists_per_call)
+    print("op profile", json.dumps(ops), flush=True)
 
     rows = args.beam * args.decoders
     ways = {"device_states": (measured, True), "host_states": (measured, False), "cpu": (cpu, False)}
@@ -162,7 +216,9 @@ def main(argv: list[str] | None = None) -> dict:
         hypotheses=sum(len(hyps) for hyps in lists),
         lists_per_call=args.lists_per_call,
         max_batch_tokens={device: s.max_batch_tokens for device, s in scorers.items()},
+        overlap={device: s.overlap for device, s in scorers.items()},
         graph_time=graph_time,
+        op_profile=ops,
         rounds=args.rounds,
         threads=args.threads,
         step={"decoders": args.decoders, "beam": args.beam, "rows": rows, "candidates": 1, "ways": steps},

@@ -36,7 +36,8 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from lmserve.rescoring.textnorm import TextNormalizer
 
 LN10 = math.log(10)
 UNK, BOS, EOS = 0, 1, 2  # fixed ids of the bundle vocabulary
+OVERLAP_PARTS = 4  # ``Scorer.score`` with overlap: parts of a quarter of a batch, so that three in four overlap
 
 
 @dataclass
@@ -136,12 +138,16 @@ class Scorer:
         max_batch_tokens: int = 0,
         normalizer: TextNormalizer | None = None,
         open_vocab: bool = False,
+        overlap: bool | None = None,
     ):
         """``normalizer`` turns text into the tokens the model was trained on; by default the bundle's own ``text``
         settings (what its training text looked like). Pass one (e.g. ``PRESETS["ptb"]``) to score text from
         another source, such as ASR hypotheses for a PTB model. ``open_vocab``: score unknown words from their
-        spelling (a bundle with ``spelling`` only). ``device``: "cpu" or "cuda" (module docstring)."""
+        spelling (a bundle with ``spelling`` only). ``device``: "cpu" or "cuda" (module docstring). ``overlap``:
+        :meth:`score` reads the next sentences while the graph runs, by default off the CPU only (on the CPU the
+        graph's own threads take the cores that reading would use)."""
         self.device = check_device(device)
+        self.overlap = device != "cpu" if overlap is None else overlap
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
         self.index = {token: i for i, token in enumerate(self.bundle.tokens)}  # tokens: words, or subword pieces
@@ -161,6 +167,7 @@ class Scorer:
         options.intra_op_num_threads = threads or (os.cpu_count() or 1)
         options.inter_op_num_threads = 1
         self.providers = list(DEVICES[device])
+        self.options = options
         self.sessions = {name: self._session(name, options) for name in ("sentences", "step", "step_full")}
         self.open_vocab = open_vocab
         if open_vocab:
@@ -175,8 +182,7 @@ class Scorer:
         too) is a BundleError naming the file, not onnxruntime's own exception."""
         path = self.bundle.graph_path(name)
         try:
-            providers = [(provider, PROVIDER_OPTIONS.get(provider, {})) for provider in self.providers]
-            session = ort.InferenceSession(str(path), options, providers=providers)
+            session = ort.InferenceSession(str(path), options, providers=self.session_providers())
         except Exception as e:  # onnxruntime's InvalidProtobuf, Fail, ...: no common base class but Exception
             raise BundleError(f"{path}: ONNX Runtime cannot load the {name!r} graph: {type(e).__name__}: {e}") from e
         if session.get_providers()[0] != self.providers[0]:  # onnxruntime-gpu without a GPU or its CUDA libraries
@@ -187,6 +193,10 @@ class Scorer:
                 "cuDNN versions this onnxruntime-gpu was built for are installed, or use device 'cpu'"
             )
         return session
+
+    def session_providers(self) -> list[tuple[str, dict]]:
+        """The providers of the scorer's sessions, each with its options (``PROVIDER_OPTIONS``)."""
+        return [(provider, PROVIDER_OPTIONS.get(provider, {})) for provider in self.providers]
 
     def _open_spelling(self, options: ort.SessionOptions) -> None:
         where = self.bundle.path / "manifest.json"
@@ -258,21 +268,47 @@ class Scorer:
     # -- whole sentences ---------------------------------------------------------------------------------------
 
     def score(self, sentences: Sequence[str]) -> list[SentenceScore]:
+        """Each sentence's scores, in batches of similar length. With ``overlap`` the sentences go in parts of about
+        a quarter of a batch's tokens, and the graph runs one part's batches in a worker thread while this thread
+        reads the next part (onnxruntime lets go of the GIL while it runs): on a GPU, 41% of the scorer's time was
+        this Python, each step waiting for the other (docs/benchmarks/scorer.md, "The scorer on a GPU")."""
         memo: dict = {}
+        if not self.overlap:
+            return self._finish(*self._launch(sentences, memo, _run_now))
+        results: list[SentenceScore] = []
+        part_tokens = max(256, self.max_batch_tokens // OVERLAP_PARTS)
+        with ThreadPoolExecutor(1, thread_name_prefix="lmserve-graph") as graph:
+            launched = None
+            for part in _parts(sentences, part_tokens):
+                previous, launched = launched, self._launch(part, memo, graph.submit)
+                if previous is not None:  # its runs went first: finished while this part's run
+                    results.extend(self._finish(*previous))
+            if launched is not None:
+                results.extend(self._finish(*launched))
+        return results
+
+    def _launch(self, sentences: Sequence[str], memo: dict, submit: Callable[..., Future]):
+        """Encode ``sentences`` and ``submit`` their graph runs; :meth:`_finish` collects them."""
         encoded = [self.encode(s, memo) for s in sentences]
-        results: list[SentenceScore | None] = [None] * len(sentences)
         spelled = self._spelled(encoded)
         plain = [i for i in range(len(encoded)) if not spelled[i]]
-        for members in self.plan_batches([encoded[i][1] for i in plain]):
-            members = [plain[m] for m in members]
-            scores = self.score_ids([encoded[i][1] for i in members])
+        batches = [[plain[m] for m in members] for members in self.plan_batches([encoded[i][1] for i in plain])]
+        runs = [submit(self.score_ids, [encoded[i][1] for i in members]) for members in batches]
+        opened = [i for i in range(len(encoded)) if spelled[i]]
+        open_run = submit(self.score_spelled, [encoded[i] for i in opened]) if opened else None
+        return encoded, spelled, batches, runs, opened, open_run
+
+    def _finish(self, encoded, spelled, batches, runs, opened, open_run) -> list[SentenceScore]:
+        results: list[SentenceScore | None] = [None] * len(encoded)
+        for members, run in zip(batches, runs, strict=True):
+            scores = run.result()
             for row, i in enumerate(members):
                 words, ids, oov = encoded[i]
                 results[i] = SentenceScore(words, self.word_scores(words, scores[row, : len(ids) + 1].copy()), oov)
-        opened = [i for i in range(len(encoded)) if spelled[i]]
-        for i, scores in zip(opened, self.score_spelled([encoded[i] for i in opened]), strict=True):
-            words, _, oov = encoded[i]
-            results[i] = SentenceScore(words, scores, oov, spelled[i])
+        if open_run is not None:
+            for i, scores in zip(opened, open_run.result(), strict=True):
+                words, _, oov = encoded[i]
+                results[i] = SentenceScore(words, scores, oov, spelled[i])
         return results
 
     def _spelled(self, encoded: Sequence[tuple[list[str], list[int], int]]) -> list[int]:
@@ -681,3 +717,22 @@ class _PrefixForest:
             paths[i] = path = previous_path[:shared] + list(new)
             previous, previous_path = ids, path
         return paths
+
+
+def _run_now(fn: Callable, *args) -> Future:
+    """``fn(*args)`` run here, as a done future: ``Scorer._launch`` without a worker thread."""
+    future: Future = Future()
+    future.set_result(fn(*args))
+    return future
+
+
+def _parts(sentences: Sequence[str], tokens: int) -> Iterator[Sequence[str]]:
+    """Consecutive slices of ``sentences`` of about ``tokens`` tokens each (words as written, and </s>)."""
+    start, total = 0, 0
+    for end, sentence in enumerate(sentences, 1):
+        total += len(sentence.split()) + 1
+        if total >= tokens:
+            yield sentences[start:end]
+            start, total = end, 0
+    if start < len(sentences):
+        yield sentences[start:]

@@ -154,3 +154,8 @@ def test_gpu_benchmark_runs_on_the_cpu(bundles, tmp_path):
     assert written["metrics"] == result["metrics"] and result["lists"] == 4 and result["step"]["rows"] == 8
     assert all(v > 0 for v in result["metrics"].values())
     assert all(way["n"] == 5 for way in result["step"]["ways"].values())
+    ops = result["op_profile"]  # the CPU scorer steps through these short lists' prefixes and tails
+    assert ops["graphs"]["step"]["runs"] > 0 and ops["providers"] == ["CPUExecutionProvider"]
+    assert 0 < ops["node_ms"] <= ops["run_ms"] and {k["graph"] for k in ops["top"]} <= set(ops["graphs"])
+    assert sum(k["share"] for k in ops["top"]) == pytest.approx(1) or len(ops["top"]) == 12
+    assert result["overlap"] == {"cpu": False}
