@@ -43,6 +43,7 @@ from benchmarks import common
 from benchmarks.common import write_result
 from benchmarks.decoding import BUNDLE, LAMBDA, NGRAM, NORMALIZE, cpu_seconds, percentiles, serve_config, walk_inputs
 from lmserve.rescoring.client import next_words_batch_request
+from lmserve.rescoring.command import add_device_argument
 from lmserve.server.process import ServerProcess
 from lmserve.v1 import lmserve_pb2 as pb
 from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--candidates", type=int, default=1, help="next words each hypothesis asks for")
     parser.add_argument("--steps", type=int, default=100, help="steps per decoder and way")
     parser.add_argument("--warmup", type=int, default=10, help="steps per decoder before each way, not measured")
+    add_device_argument(parser)  # cuda: the server's LSTM steps on the GPU (issue 32's GPU row)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     parser.add_argument(
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         config = serve_config(
             Path(tmp), args.bundle, ngram, args.lam if ngram else None, normalize, args.workers,
-            max_wait_ms=args.max_wait_ms,
+            max_wait_ms=args.max_wait_ms, device=args.device,
         )  # fmt: skip
         with ServerProcess(config, Path(tmp) / "server.log", start_timeout=300) as server:
             if args.solo_steps:  # the floor: one decoder's batched step on an otherwise idle server
@@ -226,7 +228,13 @@ def main(argv: list[str] | None = None) -> dict:
         steps_per_decoder=args.steps,
         think_ms=args.think_ms,
         modes=results,
-        server={"workers": args.workers, "scorer_threads": 1, "max_wait_ms": args.max_wait_ms, "engine": "threads"},
+        server={
+            "workers": args.workers,
+            "scorer_threads": 1,
+            "max_wait_ms": args.max_wait_ms,
+            "engine": "threads",
+            "device": args.device,
+        },
         model={"bundle": str(args.bundle), "ngram": str(ngram) if ngram else None, "lambda": args.lam},
         server_errors=len(errors),
         note="load generator on the same machine and cores as the server; server CPU from /proc",

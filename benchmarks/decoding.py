@@ -18,7 +18,7 @@ import numpy as np
 from benchmarks.common import DATA_DIR, ROOT
 from lmserve.rescoring.bundle import Bundle
 from lmserve.rescoring.nbest import read_nbest
-from lmserve.rescoring.textnorm import PRESETS
+from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
 
 BUNDLE = ROOT / "var" / "bundles" / "english_lm"
 NGRAM = ROOT / "var" / "ngrams" / "english_4gram.bin"
@@ -38,11 +38,13 @@ def references(split: str, limit: int | None = None, seed: int = 0) -> list[str]
 
 def walk_inputs(args) -> tuple[str | None, list[str], list[str], Path | None]:
     """What the step benchmarks walk: the normalisation preset (None: the bundle's own), the sentences in the LM's
-    form (``--texts``, else 500 dev_other references), the bundle's words, and the n-gram when it exists."""
+    form (``--texts``, else 500 dev_other references; with the bundle's own normalisation, as the server reads them),
+    the bundle's words, and the n-gram when it exists."""
     normalize = args.normalize or None
     texts = args.texts.read_text().splitlines() if args.texts else references("dev_other", 500)
-    view = PRESETS[normalize or "none"]
-    vocab = [t for t in Bundle.load(args.bundle).tokens if not t.startswith("<")]
+    bundle = Bundle.load(args.bundle)
+    view = PRESETS[normalize] if normalize else TextNormalizer.from_dict(bundle.manifest["text"])  # as the server's
+    vocab = [t for t in bundle.tokens if not t.startswith("<")]
     ngram = args.ngram if args.ngram and args.ngram.exists() else None
     return normalize, [view.normalize(t) for t in texts], vocab, ngram
 
@@ -58,12 +60,14 @@ def serve_config(
     ttl_seconds: float = 60.0,
     max_wait_ms: float = 2.0,
     model: str = "english",
+    device: str = "cpu",
 ) -> Path:
     """A one-model lm-serve config. ``max_wait_ms`` is short: beam steps are latency-bound (a step merges with the
-    steps of other decoders that are already waiting, not with those a longer wait would bring)."""
+    steps of other decoders that are already waiting, not with those a longer wait would bring). ``device``: where
+    the neural LM runs (``server.device``)."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = [
-        f"[server]\nworkers = {workers}\nscorer_threads = 1\nmetrics_port = 0\nmax_concurrent_calls = 1024\n",
+        f'[server]\nworkers = {workers}\nscorer_threads = 1\nmetrics_port = 0\nmax_concurrent_calls = 1024\ndevice = "{device}"\n',
         f"grace_seconds = 30.0\nadmin = true\n[batching]\nmax_wait_ms = {max_wait_ms}\n",
         f"[limits]\nmax_message_bytes = {64 << 20}\n",
         f"[state_cache]\nmax_mb = {state_cache_mb}\nttl_seconds = {ttl_seconds}\n",

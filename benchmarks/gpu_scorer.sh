@@ -2,7 +2,10 @@
 # On the GPU machine, from the repository root, with .gpu/ carried (benchmarks/gpu_carry.py made it; its docstring
 # says why in two calls): onnxruntime-gpu and the packages the machine lacks installed into $SITE, then the needs_gpu
 # scorer tests and benchmarks.gpu_scorer on the bundle and lists in .gpu/; results and logs go to $OUT. Extra arguments
-# go to gpu_scorer.py; VARIANT="ARGS" runs it once more with those arguments added, into $OUT/variant.
+# go to gpu_scorer.py; VARIANT="ARGS" runs it once more with those arguments added, into $OUT/variant. Then (unless
+# SERVE=0) issue 32's beam steps against lm-serve with the neural LM on the GPU, and on the same machine's CPU:
+# benchmarks.beam_step_load --device cuda|cpu into $OUT/serve_cuda and $OUT/serve_cpu, walking the lists' first
+# hypotheses (the shared LibriSpeech references are not on that machine), no n-gram.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
@@ -32,4 +35,13 @@ if [ -n "${VARIANT:-}" ]; then
     # shellcheck disable=SC2086  # VARIANT holds several arguments
     $PY -m benchmarks.gpu_scorer --bundle .gpu/bundle --list .gpu/lists/dev_other500.jsonl.gz \
         --results "$OUT/variant" "$@" $VARIANT 2>&1 | tee "$OUT/gpu_scorer_variant.log"
+fi
+if [ "${SERVE:-1}" != 0 ]; then
+    $PY -c "from lmserve.rescoring.nbest import read_nbest
+print('\n'.join(e.hypotheses[0].text for e in read_nbest('.gpu/lists/dev_other500.jsonl.gz')))" > /tmp/walk.txt
+    for device in cuda cpu; do
+        timeout "${SERVE_SECONDS:-150}" $PY -m benchmarks.beam_step_load --device "$device" --bundle "$PWD/.gpu/bundle" \
+            --texts /tmp/walk.txt --steps 50 --modes batched,stream --results "$OUT/serve_$device" 2>&1 \
+            | tee "$OUT/serve_$device.log" | grep -v '^ ' || echo "beam_step_load on $device failed or outlasted the limit"
+    done
 fi

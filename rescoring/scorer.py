@@ -270,8 +270,8 @@ class Scorer:
     def score(self, sentences: Sequence[str]) -> list[SentenceScore]:
         """Each sentence's scores, in batches of similar length. With ``overlap`` the sentences go in parts of about
         a quarter of a batch's tokens, and the graph runs one part's batches in a worker thread while this thread
-        reads the next part (onnxruntime lets go of the GIL while it runs): on a GPU, 41% of the scorer's time was
-        this Python, each step waiting for the other (docs/benchmarks/scorer.md, "The scorer on a GPU")."""
+        reads the next part (onnxruntime lets go of the GIL while it runs): on a GPU this Python and the graph took
+        turns, each waiting for the other (docs/benchmarks/scorer.md, "The scorer on a GPU")."""
         memo: dict = {}
         if not self.overlap:
             return self._finish(*self._launch(sentences, memo, _run_now))

@@ -46,7 +46,7 @@ def test_beam_step_load(setup):
     args = ["--decoders", "3", "--beam", "4", "--steps", "6", "--warmup", "1", "--solo-steps", "3"]
     result = main([*setup, *args, "--think-curve", "20"])
     assert set(result["modes"]) == {*MODES, "batched_one_decoder", "batched_think_20"}
-    assert result["server_errors"] == 0
+    assert result["server_errors"] == 0 and result["server"]["device"] == "cpu"
     assert all(result["modes"][m]["steps"] == 18 for m in [*MODES, "batched_think_20"])
     assert result["metrics"]["p99_ms"] > 0 and result["metrics"]["one_decoder_p99_ms"] > 0
     # 6 steps, each followed by a pause of 0-40 ms (seeded: 0.10-0.17 s in all for each of the 3 decoders)

@@ -158,4 +158,6 @@ def test_gpu_benchmark_runs_on_the_cpu(bundles, tmp_path):
     assert ops["graphs"]["step"]["runs"] > 0 and ops["providers"] == ["CPUExecutionProvider"]
     assert 0 < ops["node_ms"] <= ops["run_ms"] and {k["graph"] for k in ops["top"]} <= set(ops["graphs"])
     assert sum(k["share"] for k in ops["top"]) == pytest.approx(1) or len(ops["top"]) == 12
-    assert result["overlap"] == {"cpu": False}
+    assert result["overlap"] == {"cpu": False} and result["unknown_share"] < 0.2
+    with pytest.raises(SystemExit, match=r"100% of the lists' words are unknown to .* give --normalize the preset"):
+        main([*argv[:6], "--normalize", "librispeech", "--results", str(tmp_path / "upper")])  # W1 for w1
