@@ -5,7 +5,8 @@
 # go to gpu_scorer.py; VARIANT="ARGS" runs it once more with those arguments added, into $OUT/variant. Then (unless
 # SERVE=0) issue 32's beam steps against lm-serve with the neural LM on the GPU, and on the same machine's CPU:
 # benchmarks.beam_step_load --device cuda|cpu into $OUT/serve_cuda and $OUT/serve_cpu, walking the lists' first
-# hypotheses (the shared LibriSpeech references are not on that machine), no n-gram.
+# hypotheses (the shared LibriSpeech references are not on that machine), no n-gram. A dry run on a CPU machine, with
+# .gpu/ made by gpu_carry.py: OUT=/tmp/o SERVE_DEVICES=cpu bash benchmarks/gpu_scorer.sh --device cpu --lists 20 ...
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
@@ -30,16 +31,16 @@ timeout "${TEST_SECONDS:-200}" $PY -m pytest -m needs_gpu tests/test_scorer_gpu.
     > "$OUT/tests_scorer.log" 2>&1 || echo "GPU scorer tests failed (see tests_scorer.log); the benchmark runs anyway"
 tail -3 "$OUT/tests_scorer.log"
 $PY -m benchmarks.gpu_scorer --bundle .gpu/bundle --list .gpu/lists/dev_other500.jsonl.gz --results "$OUT" "$@" 2>&1 \
-    | tee "$OUT/gpu_scorer.log"
+    | tee "$OUT/gpu_scorer.log" || echo "gpu_scorer failed (see gpu_scorer.log); the rest runs anyway"
 if [ -n "${VARIANT:-}" ]; then
     # shellcheck disable=SC2086  # VARIANT holds several arguments
     $PY -m benchmarks.gpu_scorer --bundle .gpu/bundle --list .gpu/lists/dev_other500.jsonl.gz \
-        --results "$OUT/variant" "$@" $VARIANT 2>&1 | tee "$OUT/gpu_scorer_variant.log"
+        --results "$OUT/variant" "$@" $VARIANT 2>&1 | tee "$OUT/gpu_scorer_variant.log" || echo "the variant failed"
 fi
 if [ "${SERVE:-1}" != 0 ]; then
     $PY -c "from lmserve.rescoring.nbest import read_nbest
 print('\n'.join(e.hypotheses[0].text for e in read_nbest('.gpu/lists/dev_other500.jsonl.gz')))" > /tmp/walk.txt
-    for device in cuda cpu; do
+    for device in ${SERVE_DEVICES:-cuda cpu}; do
         timeout "${SERVE_SECONDS:-150}" $PY -m benchmarks.beam_step_load --device "$device" --bundle "$PWD/.gpu/bundle" \
             --texts /tmp/walk.txt --steps 50 --modes batched,stream --results "$OUT/serve_$device" 2>&1 \
             | tee "$OUT/serve_$device.log" | grep -v '^ ' || echo "beam_step_load on $device failed or outlasted the limit"
