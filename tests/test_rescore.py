@@ -223,6 +223,31 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_lists_in_another_text_form_than_the_lms_are_refused_before_scoring(bundles, ngram_model, tmp_path, capsys):
+    """Upper-case lists for lower-case LMs: every word would be <unk>, and reranking by such scores is noise."""
+    upper = NBestList(
+        [
+            NBestEntry(
+                e.id, [Hypothesis(h.text.upper(), h.features) for h in e.hypotheses], [r.upper() for r in e.references]
+            )
+            for e in corrupted_lists(20, 3, "upper")
+        ],
+        "upper",
+    )
+    lists = tmp_path / "upper.jsonl"
+    write_nbest(upper, lists, "jsonl")
+    tune = ["tune", str(lists), "--metric", "wer", "--features", "am,neural,ngram", "--fixed", "am", "--threads", "1"]
+    out = tmp_path / "w.json"
+    assert rescore_main([*tune, "--lm", str(bundles[("full", 0.0)][1]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "100% of the words of 100 hypotheses are unknown to the neural LM" in err and "(e.g. W0, W1, W10)" in err
+    assert "--normalize" in err and not out.exists()
+    assert rescore_main([*tune, "--ngram", str(ngram_model), "--features", "am,ngram", "--out", str(out)]) == 2
+    assert "unknown to the n-gram" in capsys.readouterr().err
+    lower = [*tune, "--lm", str(bundles[("full", 0.0)][1]), "--normalize", "lower", "--features", "am,neural"]
+    assert rescore_main([*lower, "--out", str(out)]) == 0 and out.exists()  # the right form: scored and tuned
+
+
 def test_ngram_built_like_a_bundle_sees_the_bundles_tokens(bundles, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("\n".join(make_sentences(200, seed=5) + ["W1 ZZZ w2"]) + "\n")
