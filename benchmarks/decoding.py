@@ -67,7 +67,8 @@ def serve_config(
     the neural LM runs (``server.device``)."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = [
-        f'[server]\nworkers = {workers}\nscorer_threads = 1\nmetrics_port = 0\nmax_concurrent_calls = 1024\ndevice = "{device}"\n',
+        f"[server]\nworkers = {workers}\nscorer_threads = 1\nmetrics_port = 0\nmax_concurrent_calls = 1024\n",
+        f'device = "{device}"\n',
         f"grace_seconds = 30.0\nadmin = true\n[batching]\nmax_wait_ms = {max_wait_ms}\n",
         f"[limits]\nmax_message_bytes = {64 << 20}\n",
         f"[state_cache]\nmax_mb = {state_cache_mb}\nttl_seconds = {ttl_seconds}\n",

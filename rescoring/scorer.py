@@ -281,7 +281,7 @@ class Scorer:
             launched = None
             for part in _parts(sentences, part_tokens):
                 previous, launched = launched, self._launch(part, memo, graph.submit)
-                if previous is not None:  # its runs went first: finished while this part's run
+                if previous is not None:  # its runs were queued first: they ran while this part was read
                     results.extend(self._finish(*previous))
             if launched is not None:
                 results.extend(self._finish(*launched))
