@@ -2,7 +2,8 @@
 and the service port can stay private.
 
 Every call is counted by method and status code and timed; the tokens each call scored (words and ``</s>``, per
-model) show the real work behind a request count. Micro-batching (``server.batching``) reports how many calls wait
+model) show the real work behind a request count, and the words among them scored as <unk> show text in another form
+than the model's (a share near 1), which would otherwise pass unseen. Micro-batching (``server.batching``) reports how many calls wait
 and how many calls and tokens each batch merged, by kind of work; reloads are counted by outcome, with the generation
 of the model set served; the state cache reports its bytes and states and counts what it drops. The registry belongs
 to the server, not to the process, so two servers in one process (tests) keep separate numbers.
@@ -33,6 +34,13 @@ class Metrics:
         )
         self.tokens = Counter(
             "lmserve_tokens_scored", "Tokens scored (words and </s>)", ["method", "model"], registry=self.registry
+        )
+        self.unknown = Counter(
+            "lmserve_unknown_words_scored",
+            "Words scored as <unk>, outside the model's vocabulary as the server normalises them (a share of the tokens "
+            "scored near 1: text in another form than the model's, such as upper case for a lower-case model)",
+            ["method", "model"],
+            registry=self.registry,
         )
         self.in_flight = Gauge("lmserve_requests_in_flight", "Calls being handled", registry=self.registry)
         self.queue_depth = Gauge(
@@ -69,12 +77,13 @@ class Metrics:
             registry=self.registry,
         )
         self.series: dict[tuple[str, str], tuple] = {}  # observe's: calls and latency by method and code
-        self.scored: dict[tuple[str, str | None], Counter] = {}  # and tokens by method and model
+        self.scored: dict[tuple[str, str | None], tuple] = {}  # and tokens and unknown words by method and model
         self.http = None
 
-    def observe(self, method: str, code: str, seconds: float, model: str | None, tokens: int) -> None:
-        """One call's counts. The labelled series are looked up once and kept: ``labels`` checks and converts its
-        values under a lock on every call, which was most of this method's time."""
+    def observe(self, method: str, code: str, seconds: float, model: str | None, tokens: int, unknown: int = 0) -> None:
+        """One call's counts (``unknown``: of its ``tokens``, the words scored as <unk>). The labelled series are
+        looked up once and kept: ``labels`` checks and converts its values under a lock on every call, which was most
+        of this method's time."""
         series = self.series.get((method, code))
         if series is None:
             series = self.series[method, code] = (self.requests.labels(method, code), self.latency.labels(method))
@@ -83,8 +92,10 @@ class Metrics:
         if tokens:
             scored = self.scored.get((method, model))
             if scored is None:
-                scored = self.scored[method, model] = self.tokens.labels(method, model or "")
-            scored.inc(tokens)
+                labels = (method, model or "")
+                scored = self.scored[method, model] = (self.tokens.labels(*labels), self.unknown.labels(*labels))
+            scored[0].inc(tokens)
+            scored[1].inc(unknown)
 
     def serve(self, host: str, port: int) -> int:
         """Start the HTTP endpoint (port 0: a free one) in a daemon thread; returns its port."""

@@ -233,7 +233,7 @@ class LMServicer:
         async def call(requests, context: grpc.aio.ServicerContext):
             start = time.perf_counter()
             fields = {"method": name, "peer": context.peer(), "request_bytes": 0, "response_bytes": 0, "steps": 0}
-            fields["tokens"] = 0
+            fields["tokens"] = fields["unknown"] = 0
             log.debug("stream started", extra={"fields": fields})
             self.active += 1
             self.idle.clear()
@@ -257,6 +257,7 @@ class LMServicer:
                         data = response.SerializeToString()
                         fields["steps"] += 1
                         fields["tokens"] += step.get("tokens", 0)
+                        fields["unknown"] += step.get("unknown", 0)
                         fields["response_bytes"] += len(data)
                         yield data
                 except Exception as e:
@@ -284,7 +285,9 @@ class LMServicer:
             self.idle.set()
         if self.metrics:
             self.metrics.in_flight.dec()
-            self.metrics.observe(fields["method"], code, seconds, fields.get("model"), fields.get("tokens", 0))
+            self.metrics.observe(
+                fields["method"], code, seconds, fields.get("model"), fields.get("tokens", 0), fields.get("unknown", 0)
+            )
 
     async def run(self, context: grpc.aio.ServicerContext, fn: Callable, *args):
         """``fn(*args)`` in the scoring pool, unless the deadline has already passed; the event loop stays free."""
@@ -332,6 +335,7 @@ class LMServicer:
         tokens = self.check_words(sentences, lambda i: f"sentences[{i}]")
         scores = await self.batched(context, self.sentence_batcher, model, sentences, tokens, SENTENCES_PER_CHUNK)
         fields["tokens"] = sum(len(s.neural) for s in scores)
+        fields["unknown"] = sum(s.oov for s in scores)
         return pb.ScoreSentencesResponse(
             model=model.name,
             normalisation=messages.normalisation(model),
@@ -356,6 +360,7 @@ class LMServicer:
         except OtherModelState as e:
             raise self.other_model_state(model, e, e.fingerprint) from None
         fields["tokens"] = len(words)
+        fields["unknown"] = sum(word.oov for word in words)
         response = pb.ScoreNextWordsResponse(model=model.name, normalisation=messages.normalisation(model))
         for word in words:
             messages.add_next_word(response.words.add, word)
@@ -415,6 +420,7 @@ class LMServicer:
                 if word.after is not None:
                     message.state_id = cache.put(model.name, model.lm.fingerprint, word.after)
         fields["tokens"] = sum(len(words) for words in results)
+        fields["unknown"] = sum(word.oov for words in results for word in words)
         fields["items"] = len(steps)
         if cache is not None and self.metrics:
             self.metrics.state_cache_bytes.set(cache.bytes)
@@ -520,6 +526,7 @@ class LMServicer:
         work = [([h.text for h in e.hypotheses], setup.lam) for e in entries]
         scores = await self.batched(context, self.list_batcher, model, work, tokens, LISTS_PER_CHUNK)
         fields["tokens"] = sum(int(s.tokens.sum()) for s in scores)
+        fields["unknown"] = sum(int(s.oov.sum()) for s in scores)
 
         def finish() -> pb.Rescored:
             ranked, chosen = reranked(nbest, setup, scores)

@@ -376,19 +376,31 @@ def test_deadlines_end_calls(server, client):
 
 
 def test_prometheus_metrics(server, client):
-    """Calls by method and code, latency histograms and tokens scored, on the metrics port."""
-    client.score_sentences(["w1 w2", "w3"], "selfnorm")
+    """Calls by method and code, latency histograms, tokens scored and the unknown words among them, on the metrics
+    port."""
+    before = client.score_sentences(["w1 zzz w2", "w3"], "selfnorm")  # zzz: outside the vocabulary
+    assert [s.oov for s in before.sentences] == [1, 0]
+    client.score_next_words_batch([(b"", ["w1", "zzz"]), (b"", ["qqq"])], "selfnorm")  # a beam step: 2 unknown
+    with client.stream_next_words() as stream:  # a stream counts its steps' unknown words when it ends
+        stream.step([(b"", ["zzz", "w2"])], "selfnorm")
     status_of(client.model_info, "nope")
-    text = urllib.request.urlopen(server[2], timeout=10).read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
+    stream_counted = 'lmserve_unknown_words_scored_total{method="StreamNextWords",model="selfnorm"}'
+    for _ in range(50):  # the server counts the stream once it has seen it end, just after the client closed it
+        samples = {}
+        for line in urllib.request.urlopen(server[2], timeout=10).read().decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        if stream_counted in samples and samples["lmserve_requests_in_flight"] == 0:
+            break
+        time.sleep(0.1)
     assert samples['lmserve_requests_total{code="OK",method="ScoreSentences"}'] >= 1
     assert samples['lmserve_requests_total{code="NOT_FOUND",method="GetModelInfo"}'] >= 1
     assert samples['lmserve_request_seconds_bucket{le="+Inf",method="ScoreSentences"}'] >= 1
-    assert samples['lmserve_tokens_scored_total{method="ScoreSentences",model="selfnorm"}'] >= 5  # 3 + 2 tokens
+    assert samples['lmserve_tokens_scored_total{method="ScoreSentences",model="selfnorm"}'] >= 6  # 4 + 2 tokens
+    assert samples['lmserve_unknown_words_scored_total{method="ScoreSentences",model="selfnorm"}'] >= 1
+    assert samples['lmserve_unknown_words_scored_total{method="ScoreNextWordsBatch",model="selfnorm"}'] >= 2
+    assert samples[stream_counted] >= 1
     assert samples["lmserve_requests_in_flight"] == 0
 
 
