@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -71,6 +72,17 @@ class SentenceScore:
     @property
     def token_log10probs(self) -> np.ndarray:
         return self.token_logprobs / LN10
+
+
+class _Launched(NamedTuple):
+    """One part of ``Scorer.score``: its sentences encoded, and the futures of their graph runs."""
+
+    encoded: list[tuple[list[str], list[int], int]]
+    spelled: list[int]  # per sentence, its words the open graph spells (0: none, read by ``sentences``)
+    batches: list[list[int]]  # the sentences of each ``sentences`` run
+    runs: list[Future]  # those runs' token scores
+    opened: list[int]  # the sentences read by ``sentences_open``
+    open_run: Future | None  # that run's scores
 
 
 @dataclass
@@ -274,7 +286,7 @@ class Scorer:
         turns, each waiting for the other (docs/benchmarks/scorer.md, "The scorer on a GPU")."""
         memo: dict = {}
         if not self.overlap:
-            return self._finish(*self._launch(sentences, memo, _run_now))
+            return self._finish(self._launch(sentences, memo, _run_now))
         results: list[SentenceScore] = []
         part_tokens = max(256, self.max_batch_tokens // OVERLAP_PARTS)
         with ThreadPoolExecutor(1, thread_name_prefix="lmserve-graph") as graph:
@@ -282,12 +294,12 @@ class Scorer:
             for part in _parts(sentences, part_tokens):
                 previous, launched = launched, self._launch(part, memo, graph.submit)
                 if previous is not None:  # its runs were queued first: they ran while this part was read
-                    results.extend(self._finish(*previous))
+                    results.extend(self._finish(previous))
             if launched is not None:
-                results.extend(self._finish(*launched))
+                results.extend(self._finish(launched))
         return results
 
-    def _launch(self, sentences: Sequence[str], memo: dict, submit: Callable[..., Future]):
+    def _launch(self, sentences: Sequence[str], memo: dict, submit: Callable[..., Future]) -> _Launched:
         """Encode ``sentences`` and ``submit`` their graph runs; :meth:`_finish` collects them."""
         encoded = [self.encode(s, memo) for s in sentences]
         spelled = self._spelled(encoded)
@@ -296,17 +308,18 @@ class Scorer:
         runs = [submit(self.score_ids, [encoded[i][1] for i in members]) for members in batches]
         opened = [i for i in range(len(encoded)) if spelled[i]]
         open_run = submit(self.score_spelled, [encoded[i] for i in opened]) if opened else None
-        return encoded, spelled, batches, runs, opened, open_run
+        return _Launched(encoded, spelled, batches, runs, opened, open_run)
 
-    def _finish(self, encoded, spelled, batches, runs, opened, open_run) -> list[SentenceScore]:
+    def _finish(self, launched: _Launched) -> list[SentenceScore]:
+        encoded, spelled = launched.encoded, launched.spelled
         results: list[SentenceScore | None] = [None] * len(encoded)
-        for members, run in zip(batches, runs, strict=True):
+        for members, run in zip(launched.batches, launched.runs, strict=True):
             scores = run.result()
             for row, i in enumerate(members):
                 words, ids, oov = encoded[i]
                 results[i] = SentenceScore(words, self.word_scores(words, scores[row, : len(ids) + 1].copy()), oov)
-        if open_run is not None:
-            for i, scores in zip(opened, open_run.result(), strict=True):
+        if launched.open_run is not None:
+            for i, scores in zip(launched.opened, launched.open_run.result(), strict=True):
                 words, _, oov = encoded[i]
                 results[i] = SentenceScore(words, scores, oov, spelled[i])
         return results

@@ -3,9 +3,9 @@ and the service port can stay private.
 
 Every call is counted by method and status code and timed; the tokens each call scored (words and ``</s>``, per
 model) show the real work behind a request count, and the words among them scored as <unk> show text in another form
-than the model's (a share near 1), which would otherwise pass unseen. Micro-batching (``server.batching``) reports how many calls wait
-and how many calls and tokens each batch merged, by kind of work; reloads are counted by outcome, with the generation
-of the model set served; the state cache reports its bytes and states and counts what it drops. The registry belongs
+than the model's (a share near 1), which would otherwise pass unseen. Micro-batching (``server.batching``) reports
+how many calls wait and how many calls and tokens each batch merged, by kind of work; reloads are counted by outcome,
+with the generation of the model set served; the state cache reports its bytes and states and counts what it drops. The registry belongs
 to the server, not to the process, so two servers in one process (tests) keep separate numbers.
 """
 
