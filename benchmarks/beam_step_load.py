@@ -41,7 +41,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.common import write_result
-from benchmarks.decoding import BUNDLE, LAMBDA, NGRAM, NORMALIZE, cpu_seconds, percentiles, serve_config, walk_inputs
+from benchmarks.decoding import add_model_arguments, cpu_seconds, percentiles, serve_config, walk_inputs
 from lmserve.rescoring.client import next_words_batch_request
 from lmserve.rescoring.command import add_device_argument
 from lmserve.server.process import ServerProcess
@@ -138,10 +138,7 @@ async def measure(
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=BUNDLE)
-    parser.add_argument("--ngram", type=Path, default=NGRAM)
-    parser.add_argument("--lam", type=float, default=LAMBDA)
-    parser.add_argument("--normalize", default=NORMALIZE, help="textnorm preset ('' for the bundle's own)")
+    add_model_arguments(parser)
     parser.add_argument("--decoders", type=int, default=16)
     parser.add_argument("--beam", type=int, default=32)
     parser.add_argument("--candidates", type=int, default=1, help="next words each hypothesis asks for")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import write_result
-from benchmarks.decoding import BUNDLE, LABELS, LAMBDA, NGRAM, NORMALIZE, references, serve_config
+from benchmarks.decoding import LABELS, add_model_arguments, references, serve_config
 from benchmarks.synthetic_ctc import Channel
 from lmserve.rescoring.decoders.lm import DecoderLM
 from lmserve.rescoring.decoders.pyctcdecode_lm import build_ctcdecoder
@@ -72,10 +72,7 @@ def flashlight_paths(
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=BUNDLE)
-    parser.add_argument("--ngram", type=Path, default=NGRAM, help="interpolated at --lam while decoding")
-    parser.add_argument("--lam", type=float, default=LAMBDA)
-    parser.add_argument("--normalize", default=NORMALIZE, help="textnorm preset ('' for the bundle's own)")
+    add_model_arguments(parser)
     parser.add_argument("--split", default="dev_other")
     parser.add_argument("--utterances", type=int, default=100)
     parser.add_argument("--beam", type=int, default=32)

@@ -38,7 +38,7 @@ from pyctcdecode import Alphabet, BeamSearchDecoderCTC
 from pyctcdecode.language_model import LanguageModel
 
 from benchmarks.common import write_result
-from benchmarks.decoding import BUNDLE, LABELS, LAMBDA, NGRAM, NORMALIZE, references, serve_config
+from benchmarks.decoding import LABELS, add_model_arguments, references, serve_config
 from benchmarks.synthetic_ctc import Channel
 from lmserve.rescoring.decoders.lm import DecoderLM
 from lmserve.rescoring.decoders.pyctcdecode_lm import build_ctcdecoder
@@ -94,10 +94,7 @@ def tune(make, emissions, refs, grid, beam: int) -> tuple[dict, list]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=BUNDLE)
-    parser.add_argument("--ngram", type=Path, default=NGRAM)
-    parser.add_argument("--lam", type=float, default=LAMBDA, help="interpolation of our LM with the 4-gram")
-    parser.add_argument("--normalize", default=NORMALIZE, help="textnorm preset ('' for the bundle's own)")
+    add_model_arguments(parser)
     parser.add_argument("--utterances", type=int, default=100, help="dev_other utterances decoded")
     parser.add_argument("--tune-utterances", type=int, default=100, help="dev_clean utterances for alpha/beta")
     parser.add_argument("--beams", default="16,32,64")

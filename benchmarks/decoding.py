@@ -28,6 +28,14 @@ LABELS = ["", " ", "'", *string.ascii_uppercase]  # CTC labels: blank, word sepa
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def add_model_arguments(parser) -> None:
+    """``--bundle``, ``--ngram``, ``--lam`` and ``--normalize``: the model every decoding benchmark runs."""
+    parser.add_argument("--bundle", type=Path, default=BUNDLE)
+    parser.add_argument("--ngram", type=Path, default=NGRAM, help="interpolated with the bundle at --lam")
+    parser.add_argument("--lam", type=float, default=LAMBDA)
+    parser.add_argument("--normalize", default=NORMALIZE, help="textnorm preset ('' for the bundle's own)")
+
+
 def references(split: str, limit: int | None = None, seed: int = 0) -> list[str]:
     """LibriSpeech ``split`` references (``librispeech-nbest/SPLIT.tar.gz``), in a fixed shuffled order."""
     nbest = read_nbest(DATA_DIR / "librispeech-nbest" / f"{split}.tar.gz")

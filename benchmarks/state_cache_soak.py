@@ -32,7 +32,7 @@ import grpc
 
 from benchmarks.beam_step_load import Walk, first_states, request
 from benchmarks.common import write_result
-from benchmarks.decoding import BUNDLE, LAMBDA, NGRAM, NORMALIZE, percentiles, rss_mb, serve_config, walk_inputs
+from benchmarks.decoding import add_model_arguments, percentiles, rss_mb, serve_config, walk_inputs
 from lmserve.server.process import ServerProcess
 from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
 
@@ -89,10 +89,7 @@ async def soak(address: str, walks: list[Walk], seconds: float, abandon_every: i
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=BUNDLE)
-    parser.add_argument("--ngram", type=Path, default=NGRAM)
-    parser.add_argument("--lam", type=float, default=LAMBDA)
-    parser.add_argument("--normalize", default=NORMALIZE, help="textnorm preset ('' for the bundle's own)")
+    add_model_arguments(parser)
     parser.add_argument("--decoders", type=int, default=64)
     parser.add_argument("--beam", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=600.0)

@@ -103,6 +103,27 @@ def write_corpus(path: Path, sentences: list[str]) -> Path:
     return path
 
 
+def write_splits(root: Path, sentences=make_sentences) -> dict[str, Path]:
+    """train, valid and test files of 300, 40 and 40 sentences from ``sentences(n, seed)`` (seeds 1, 2, 3): the
+    corpus the module-scoped fixtures train on."""
+    return {
+        name: write_corpus(root / f"{name}.txt", sentences(n, seed))
+        for name, n, seed in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
+    }
+
+
+def fit_and_export(root: Path, name: str, config_text: str, overrides: list[str] = ()) -> tuple[Path, Path]:
+    """``lm-train fit`` of ``config_text`` into ``root/name``, then ``export`` to ``root/name.bundle``: (run, bundle)."""
+    from lmserve.training.cli import main
+
+    config = root / f"{name}.toml"
+    config.write_text(config_text)
+    run, bundle = root / name, root / f"{name}.bundle"
+    assert main(["fit", str(config), "--out", str(run), *overrides]) == 0
+    assert main(["export", "--checkpoint", str(run), "--out", str(bundle)]) == 0
+    return run, bundle
+
+
 @pytest.fixture
 def tiny_corpus(tmp_path) -> dict[str, Path]:
     """train (gzipped), valid and test files; valid/test contain a word the training text never has."""
@@ -155,6 +176,11 @@ def toml_value(value) -> str:
     return repr(value)
 
 
+def head_overrides(head: dict, runs: Path) -> list[str]:
+    """``--set=head.KEY=VALUE`` for each of a test row's head settings; ``{runs}`` in a value is the module's runs."""
+    return [f"--set=head.{key}={toml_value(value)}".replace("{runs}", str(runs)) for key, value in head.items()]
+
+
 @pytest.fixture
 def write_config(tmp_path, tiny_corpus):
     """``write_config(mode=..., head=..., section={...})`` -> path of a TOML config over ``tiny_corpus``."""
@@ -183,24 +209,13 @@ BUNDLE_HEADS = [("full", 0.0), ("adaptive", 0.0), ("full", 0.5), ("adaptive", 0.
 @pytest.fixture(scope="session")
 def bundles(tmp_path_factory) -> dict[tuple[str, float], tuple[Path, Path]]:
     """(run, bundle) per head x normalisation: trained one epoch on a generated corpus and exported, once."""
-    from lmserve.training.cli import main
-
     root = tmp_path_factory.mktemp("bundles")
-    corpus = {
-        name: write_corpus(root / f"{name}.txt", make_sentences(n, seed=s))
-        for name, n, s in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
-    }
+    corpus = write_splits(root)
     made = {}
     for head, alpha in BUNDLE_HEADS:
-        name = f"{head}-{alpha}"
-        config = root / f"{name}.toml"
-        config.write_text(
-            # the penalty needs a few epochs to bring log Z within export's thresholds for "self-normalised"
-            tiny_config_text(
-                corpus, "sentence", head, train={"epochs": 4 if alpha else 1}, objective={"selfnorm_alpha": alpha}
-            )
+        # the penalty needs a few epochs to bring log Z within export's thresholds for "self-normalised"
+        text = tiny_config_text(
+            corpus, "sentence", head, train={"epochs": 4 if alpha else 1}, objective={"selfnorm_alpha": alpha}
         )
-        assert main(["fit", str(config), "--out", str(root / name)]) == 0
-        assert main(["export", "--checkpoint", str(root / name), "--out", str(root / f"{name}.bundle")]) == 0
-        made[(head, alpha)] = (root / name, root / f"{name}.bundle")
+        made[(head, alpha)] = fit_and_export(root, f"{head}-{alpha}", text)
     return made

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences, tiny_config_text, write_corpus
+from conftest import tiny_config_text, write_corpus, write_splits
 
 from lmserve.training.cli import main
 from lmserve.training.vocab import Vocabulary
@@ -26,10 +26,7 @@ def in_domain(n: int, seed: int) -> list[str]:
 def initial(tmp_path_factory) -> Path:
     """A run trained two epochs on the general text, in sentence mode."""
     root = tmp_path_factory.mktemp("general")
-    corpus = {
-        name: write_corpus(root / f"{name}.txt", make_sentences(n, seed=s))
-        for name, n, s in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
-    }
+    corpus = write_splits(root)
     config = root / "general.toml"
     config.write_text(tiny_config_text(corpus, "sentence", "full", train={"epochs": 2}))
     assert main(["fit", str(config), "--out", str(root / "run")]) == 0

@@ -9,7 +9,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import make_sentences, running_lm_serve, sentence_batch, tiny_config_text, toml_value, write_corpus
+from conftest import (
+    fit_and_export,
+    head_overrides,
+    running_lm_serve,
+    sentence_batch,
+    tiny_config_text,
+    write_splits,
+)
 
 from lmserve.rescoring.bundle import Bundle, BundleError, validate_manifest
 from lmserve.rescoring.cli import main as rescore_main
@@ -67,18 +74,11 @@ SENTENCES = ["w1 w2 w3", "", "w5 w77 w7 w7", "w0 w3 w1 w4 w2 w9 w11", "w12 zzz Ã
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("v2_bundles")
-    corpus = {
-        name: write_corpus(root / f"{name}.txt", make_sentences(n, seed=s))
-        for name, n, s in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
-    }
+    corpus = write_splits(root)
     made = {}
     for name, (head, objective, _) in ROWS.items():
-        config = root / f"{name}.toml"
-        config.write_text(tiny_config_text(corpus, "sentence", head["type"], train={"epochs": 1}, objective=objective))
-        overrides = [f"--set=head.{k}={toml_value(v)}".replace("{runs}", str(root)) for k, v in head.items()]
-        assert main(["fit", str(config), "--out", str(root / name), *overrides]) == 0
-        assert main(["export", "--checkpoint", str(root / name), "--out", str(root / f"{name}.bundle")]) == 0
-        made[name] = (root / name, root / f"{name}.bundle")
+        text = tiny_config_text(corpus, "sentence", head["type"], train={"epochs": 1}, objective=objective)
+        made[name] = fit_and_export(root, name, text, head_overrides(head, root))
     return made
 
 

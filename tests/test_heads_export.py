@@ -8,11 +8,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import make_sentences, sentence_batch, tiny_config_text, toml_value, write_corpus
+from conftest import (
+    fit_and_export,
+    head_overrides,
+    sentence_batch,
+    tiny_config_text,
+    write_splits,
+)
 
 from lmserve.rescoring.bundle import Bundle
 from lmserve.training.checkpoint import load_model_for_eval
-from lmserve.training.cli import main
 from lmserve.training.export import SentencesGraph, StepGraph
 
 # name -> (head settings, objective settings, self-normalised)
@@ -60,29 +65,13 @@ SENTENCES = [[5, 9, 3, 14], [7], [], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("head_bundles")
-    corpus = {
-        name: write_corpus(root / f"{name}.txt", make_sentences(n, seed=s))
-        for name, n, s in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
-    }
+    corpus = write_splits(root)
     made = {}
     for name, (head, objective, _) in ROWS.items():
-        config = root / f"{name}.toml"
-        config.write_text(
-            tiny_config_text(
-                corpus,
-                "sentence",
-                head["type"],
-                train={"epochs": 1},
-                objective=objective,
-                model=MODEL.get(name, {}),
-            )
+        text = tiny_config_text(
+            corpus, "sentence", head["type"], train={"epochs": 1}, objective=objective, model=MODEL.get(name, {})
         )
-        overrides = [
-            f"--set=head.{key}={toml_value(value)}".replace("{runs}", str(root)) for key, value in head.items()
-        ]
-        assert main(["fit", str(config), "--out", str(root / name), *overrides]) == 0
-        assert main(["export", "--checkpoint", str(root / name), "--out", str(root / f"{name}.bundle")]) == 0
-        made[name] = (root / name, root / f"{name}.bundle")
+        made[name] = fit_and_export(root, name, text, head_overrides(head, root))
     return made
 
 

@@ -5,7 +5,7 @@ warn with both perplexities."""
 import json
 
 import pytest
-from conftest import make_sentences, tiny_config_text, write_corpus
+from conftest import make_sentences, tiny_config_text, write_splits
 from test_rescore import corrupted_lists
 
 from lmserve.rescoring import bundle as bundle_format
@@ -45,10 +45,7 @@ def test_penalised_bundles_measure_as_self_normalised(bundles):
 def trained(tmp_path_factory):
     """Two exports: negative sampling (scores far from log-probabilities) and a stream-mode model."""
     root = tmp_path_factory.mktemp("normalisation")
-    corpus = {
-        name: write_corpus(root / f"{name}.txt", make_sentences(n, seed=s))
-        for name, n, s in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
-    }
+    corpus = write_splits(root)
     made = {}
     for name, mode, objective in (
         ("ns", "sentence", {"type": "negative_sampling", "samples": 10}),

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from conftest import make_sentences, sentence_batch, tiny_config_text, write_corpus
+from conftest import make_sentences, sentence_batch, tiny_config_text, write_corpus, write_splits
 
 from lmserve.rescoring.bundle import Bundle, BundleError
 from lmserve.rescoring.client import LMServeClient
@@ -52,10 +52,7 @@ SENTENCES = ["rewalking talkers", "unjumped zzqx playing", "", "naïve 日本 <u
 def run(tmp_path_factory):
     """A subword model trained on text files (fit prepares RUN/data), exported; (root, run dir, bundle)."""
     root = tmp_path_factory.mktemp("subword")
-    corpus = {
-        name: write_corpus(root / f"{name}.txt", corpus_of(n, s))
-        for name, n, s in (("train", 300, 1), ("valid", 40, 2), ("test", 40, 3))
-    }
+    corpus = write_splits(root, corpus_of)
     config = root / "subword.toml"
     config.write_text(
         tiny_config_text(

@@ -174,20 +174,22 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
     state = {1: "batch"}
     ids = torch.tensor([[1, 5, 6], [1, 7, 2]])
     zeros = torch.zeros(lstm.num_layers, 2, lstm.hidden_size)
+    per_token = {0: "batch", 1: "time"}
+    sentence_axes = {
+        "input_ids": per_token,
+        "target_ids": per_token,
+        "lengths": batch,
+        "h0": state,
+        "c0": state,
+        "logprobs": per_token,
+    }
     export_onnx(
         SentencesGraph(model, self_normalised),
         (ids, ids.roll(-1, 1), torch.tensor([3, 2]), zeros, zeros),
         out / GRAPH_FILES["sentences"],
         ["input_ids", "target_ids", "lengths", "h0", "c0"],
         ["logprobs"],
-        {
-            "input_ids": {0: "batch", 1: "time"},
-            "target_ids": {0: "batch", 1: "time"},
-            "lengths": batch,
-            "h0": state,
-            "c0": state,
-            "logprobs": {0: "batch", 1: "time"},
-        },
+        sentence_axes,
     )
     prev = torch.tensor([1, 5])
     state_axes = {"h": state, "c": state, "h_out": state, "c_out": state, "prev_ids": batch}
@@ -217,15 +219,7 @@ def export_graphs(model: LSTMLM, self_normalised: bool, out: Path) -> None:
             out / OPEN_GRAPH_FILE,
             ["input_ids", "target_ids", "lengths", "h0", "c0", "target_chars"],
             ["logprobs"],
-            {
-                "input_ids": {0: "batch", 1: "time"},
-                "target_ids": {0: "batch", 1: "time"},
-                "lengths": batch,
-                "h0": state,
-                "c0": state,
-                "target_chars": {0: "batch", 1: "time"},
-                "logprobs": {0: "batch", 1: "time"},
-            },
+            {**sentence_axes, "target_chars": per_token},
         )
 
 

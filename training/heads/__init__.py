@@ -32,31 +32,16 @@ def build_head(cfg: HeadConfig, in_dim: int, vocab_size: int, words: list[str] |
         )
     elif cfg.type == "dsoftmax":
         head = DSoftmax(in_dim, vocab_size, cfg.cutoffs, cfg.band_widths, cfg.band_layout, cfg.log_z, cfg.learn_log_z)
-    elif cfg.type in ("charcnn", "cnnsoftmax") and (words is None or len(words) != vocab_size):
-        raise ValueError(f"head.type = {cfg.type}: the head is built from the vocabulary's spellings; pass its words")
-    elif cfg.type == "cnnsoftmax":
-        head = CNNSoftmax(
-            in_dim,
-            words,
-            cfg.charcnn_size,
-            cfg.char_embedding_size,
-            cfg.charcnn_widths,
-            cfg.charcnn_max_chars,
-            cfg.correction_size,
-            cfg.log_z,
-            cfg.learn_log_z,
-        )
-    elif cfg.type == "charcnn":
-        head = CharCNNSoftmax(
-            in_dim,
-            words,
-            cfg.charcnn_size,
-            cfg.char_embedding_size,
-            cfg.charcnn_widths,
-            cfg.charcnn_max_chars,
-            cfg.log_z,
-            cfg.learn_log_z,
-        )
+    elif cfg.type in ("charcnn", "cnnsoftmax"):
+        if words is None or len(words) != vocab_size:
+            raise ValueError(
+                f"head.type = {cfg.type}: the head is built from the vocabulary's spellings; pass its words"
+            )
+        cnn = (in_dim, words, cfg.charcnn_size, cfg.char_embedding_size, cfg.charcnn_widths, cfg.charcnn_max_chars)
+        if cfg.type == "cnnsoftmax":
+            head = CNNSoftmax(*cnn, cfg.correction_size, cfg.log_z, cfg.learn_log_z)
+        else:
+            head = CharCNNSoftmax(*cnn, cfg.log_z, cfg.learn_log_z)
     else:
         raise ValueError(f"head.type = {cfg.type!r}, expected one of {', '.join(HEAD_TYPES)}")
     return head

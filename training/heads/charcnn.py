@@ -19,6 +19,7 @@ export writes.
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -139,51 +140,26 @@ class _PadLeft(nn.Module):
         return nn.functional.pad(features, (self.width, 0))
 
 
-class CharCNNSoftmax(LinearHead):
-    def __init__(
-        self,
-        in_dim: int,
-        words: list[str],
-        charcnn_size: int,
-        char_embedding_size: int,
-        widths: list[int],
-        max_chars: int,
-        log_z: float = 0.0,
-        learn_log_z: bool = False,
-    ):
+class SpelledHead(LinearHead):
+    """What the char-CNN heads share: the vocabulary's spellings and the whole-vocabulary scores, frozen form and
+    speller built from ``output_matrix`` and ``spelling_map``, which each head defines (parameters are made by the
+    heads themselves, in the order that fixes their random initialisation)."""
+
+    def __init__(self, in_dim: int, words: list[str], max_chars: int, log_z: float, learn_log_z: bool):
         super().__init__(log_z, learn_log_z)
-        if not 0 < charcnn_size < in_dim:
-            raise ValueError(
-                f"head.charcnn_size = {charcnn_size}: expected between 0 and the head's input size {in_dim} "
-                "(the rest of each output vector is the word's own vector)"
-            )
-        check_charcnn(charcnn_size, char_embedding_size, widths, max_chars)
         self.vocab_size = len(words)
         self.in_dim = in_dim
         self.inventory = char_inventory(words)
         self.max_chars = max_chars
         self.register_buffer("char_ids", spelling_table(words, self.inventory, max_chars))  # [V, max_chars + 2]
-        bound = 1 / math.sqrt(in_dim)  # nn.Linear's default, for model.init_range = 0
-        self.word_vectors = nn.Parameter(torch.empty(len(words), in_dim - charcnn_size).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(len(words)).uniform_(-bound, bound))
-        self.char_embedding = nn.Embedding(len(self.inventory) + EOW + 1, char_embedding_size, padding_idx=PAD)
-        self.convs = nn.ModuleList(nn.Conv1d(char_embedding_size, charcnn_size // len(widths), w) for w in widths)
 
-    def char_vectors(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """``[S, charcnn_size]`` spelling vectors of ``[S, max_chars + 2]`` character ids (``char_features``)."""
-        return char_features(char_ids, self.char_embedding, self.convs)
-
+    @abc.abstractmethod
     def output_matrix(self) -> torch.Tensor:
         """The ``[V, D]`` output vectors of the whole vocabulary."""
-        chars = torch.cat([self.char_vectors(chunk) for chunk in self.char_ids.split(CHUNK)])
-        return torch.cat([self.word_vectors, chars], dim=1)
 
-    def output_vectors(self, ids):
-        # sampled objectives ask for targets and samples, frequent words many times over: one CNN pass per word
-        unique, inverse = torch.unique(ids, return_inverse=True)
-        chars = self.char_vectors(self.char_ids.index_select(0, unique)).index_select(0, inverse)
-        vectors = torch.cat([self.word_vectors.index_select(0, ids), chars], dim=1)
-        return vectors, self.bias.index_select(0, ids)
+    @abc.abstractmethod
+    def spelling_map(self) -> nn.Module:
+        """The CNN's features of a spelling -> an out-of-vocabulary word's output vector (the speller's)."""
 
     def output_bias(self):
         return self.bias
@@ -198,12 +174,53 @@ class CharCNNSoftmax(LinearHead):
         return frozen_linear(self, self.output_matrix())
 
     def speller(self) -> CharCNNSpeller:
-        """An out-of-vocabulary word's vector: no word vector (zeros), the CNN's vector of its spelling."""
+        """An out-of-vocabulary word's vector: the CNN's features of its spelling through ``spelling_map``, with the
+        bias of a rare word."""
         return CharCNNSpeller(
-            self.inventory,
-            self.max_chars,
-            self.char_embedding,
-            self.convs,
-            _PadLeft(self.word_vectors.shape[1]),
-            oov_bias(self.bias),
+            self.inventory, self.max_chars, self.char_embedding, self.convs, self.spelling_map(), oov_bias(self.bias)
         )
+
+
+class CharCNNSoftmax(SpelledHead):
+    def __init__(
+        self,
+        in_dim: int,
+        words: list[str],
+        charcnn_size: int,
+        char_embedding_size: int,
+        widths: list[int],
+        max_chars: int,
+        log_z: float = 0.0,
+        learn_log_z: bool = False,
+    ):
+        if not 0 < charcnn_size < in_dim:
+            raise ValueError(
+                f"head.charcnn_size = {charcnn_size}: expected between 0 and the head's input size {in_dim} "
+                "(the rest of each output vector is the word's own vector)"
+            )
+        check_charcnn(charcnn_size, char_embedding_size, widths, max_chars)
+        super().__init__(in_dim, words, max_chars, log_z, learn_log_z)
+        bound = 1 / math.sqrt(in_dim)  # nn.Linear's default, for model.init_range = 0
+        self.word_vectors = nn.Parameter(torch.empty(len(words), in_dim - charcnn_size).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(len(words)).uniform_(-bound, bound))
+        self.char_embedding = nn.Embedding(len(self.inventory) + EOW + 1, char_embedding_size, padding_idx=PAD)
+        self.convs = nn.ModuleList(nn.Conv1d(char_embedding_size, charcnn_size // len(widths), w) for w in widths)
+
+    def char_vectors(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """``[S, charcnn_size]`` spelling vectors of ``[S, max_chars + 2]`` character ids (``char_features``)."""
+        return char_features(char_ids, self.char_embedding, self.convs)
+
+    def output_matrix(self) -> torch.Tensor:
+        chars = torch.cat([self.char_vectors(chunk) for chunk in self.char_ids.split(CHUNK)])
+        return torch.cat([self.word_vectors, chars], dim=1)
+
+    def output_vectors(self, ids):
+        # sampled objectives ask for targets and samples, frequent words many times over: one CNN pass per word
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        chars = self.char_vectors(self.char_ids.index_select(0, unique)).index_select(0, inverse)
+        vectors = torch.cat([self.word_vectors.index_select(0, ids), chars], dim=1)
+        return vectors, self.bias.index_select(0, ids)
+
+    def spelling_map(self) -> nn.Module:
+        """No word vector (zeros) before the CNN's vector of the spelling."""
+        return _PadLeft(self.word_vectors.shape[1])

@@ -25,22 +25,10 @@ import math
 import torch
 from torch import nn
 
-from lmserve.training.heads.base import LinearHead
-from lmserve.training.heads.charcnn import (
-    CHUNK,
-    EOW,
-    PAD,
-    CharCNNSpeller,
-    char_features,
-    char_inventory,
-    check_charcnn,
-    oov_bias,
-    spelling_table,
-)
-from lmserve.training.heads.full import FullSoftmax, frozen_linear
+from lmserve.training.heads.charcnn import CHUNK, EOW, PAD, SpelledHead, char_features, check_charcnn
 
 
-class CNNSoftmax(LinearHead):
+class CNNSoftmax(SpelledHead):
     def __init__(
         self,
         in_dim: int,
@@ -53,15 +41,10 @@ class CNNSoftmax(LinearHead):
         log_z: float = 0.0,
         learn_log_z: bool = False,
     ):
-        super().__init__(log_z, learn_log_z)
         check_charcnn(charcnn_size, char_embedding_size, widths, max_chars)
         if correction_size < 0:
             raise ValueError(f"head.correction_size = {correction_size}: expected >= 0 (0 = no correction)")
-        self.vocab_size = len(words)
-        self.in_dim = in_dim
-        self.inventory = char_inventory(words)
-        self.max_chars = max_chars
-        self.register_buffer("char_ids", spelling_table(words, self.inventory, max_chars))  # [V, max_chars + 2]
+        super().__init__(in_dim, words, max_chars, log_z, learn_log_z)
         bound = 1 / math.sqrt(in_dim)  # nn.Linear's default, for model.init_range = 0
         self.char_embedding = nn.Embedding(len(self.inventory) + EOW + 1, char_embedding_size, padding_idx=PAD)
         self.convs = nn.ModuleList(nn.Conv1d(char_embedding_size, charcnn_size // len(widths), w) for w in widths)
@@ -77,7 +60,6 @@ class CNNSoftmax(LinearHead):
         return self.project(char_features(char_ids, self.char_embedding, self.convs))
 
     def output_matrix(self) -> torch.Tensor:
-        """The ``[V, D]`` output vectors of the whole vocabulary."""
         spelled = torch.cat([self.spelled_vectors(chunk) for chunk in self.char_ids.split(CHUNK)])
         return spelled if self.correction is None else spelled + self.correct(self.correction)
 
@@ -89,18 +71,6 @@ class CNNSoftmax(LinearHead):
             vectors = vectors + self.correct(self.correction.index_select(0, ids))
         return vectors, self.bias.index_select(0, ids)
 
-    def output_bias(self):
-        return self.bias
-
-    def logits(self, hidden):
-        return nn.functional.linear(hidden, self.output_matrix(), self.bias)
-
-    @torch.no_grad()
-    def frozen(self) -> FullSoftmax:
-        return frozen_linear(self, self.output_matrix())
-
-    def speller(self) -> CharCNNSpeller:
-        """An out-of-vocabulary word's vector: the projected CNN vector of its spelling, no correction."""
-        return CharCNNSpeller(
-            self.inventory, self.max_chars, self.char_embedding, self.convs, self.project, oov_bias(self.bias)
-        )
+    def spelling_map(self) -> nn.Module:
+        """The projected CNN vector of the spelling, no correction."""
+        return self.project
