@@ -8,6 +8,7 @@ and a finished decode; a reload mid-decode keeps the states (same bundle) or ref
 The decoders are optional (``pip install -e '.[decoders]'``, which ``make test`` installs): their tests skip, saying
 so, where a package is missing."""
 
+import contextlib
 import logging
 
 import numpy as np
@@ -164,9 +165,9 @@ def test_a_word_not_spelled_as_written_is_out_of_the_vocabulary(bundle):
     assert lm.score_partial_token("'w") == -10.0 and lm.score_partial_token("w") == 0.0  # prefixes as written
 
 
-def test_subword_piece_labels_are_scored_at_word_boundaries_only(local, engine):
-    """A BPE-style alphabet ("▁" starts a word): the LM is asked for whole words and </s>, never for pieces."""
-    labels = ["", "▁w", "▁w1", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]
+@contextlib.contextmanager
+def words_asked(local):
+    """The words ``local`` is asked to score inside the block, in order ("" for </s>)."""
     asked = []
     original = local.score_many
 
@@ -176,16 +177,28 @@ def test_subword_piece_labels_are_scored_at_word_boundaries_only(local, engine):
 
     local.score_many = spy
     try:
-        decoder = build_ctcdecoder(labels, local, alpha=0.5, beta=1.0)
-        text = "w12 w3 w1"
-        pieces = " ".join(["▁w1 2", "▁w 3", "▁w1"]).split()  # as a BPE model might spell it
-        emissions = np.full((2 * len(pieces), len(labels)), np.log(0.02 / (len(labels) - 1)), dtype=np.float32)
-        for k, piece in enumerate(pieces):
-            emissions[2 * k, labels.index(piece)] = np.log(0.98)
-            emissions[2 * k + 1, 0] = np.log(0.98)
-        got, state = decode_path(decoder, emissions)
+        yield asked
     finally:
         del local.score_many
+
+
+def piece_emissions(pieces: list[str], labels: list[str]) -> np.ndarray:
+    """CTC log-probabilities that spell ``pieces`` one a frame, each frame followed by a blank (label 0), at 0.98."""
+    emissions = np.full((2 * len(pieces), len(labels)), np.log(0.02 / (len(labels) - 1)), dtype=np.float32)
+    for k, piece in enumerate(pieces):
+        emissions[2 * k, labels.index(piece)] = np.log(0.98)
+        emissions[2 * k + 1, 0] = np.log(0.98)
+    return emissions
+
+
+def test_subword_piece_labels_are_scored_at_word_boundaries_only(local, engine):
+    """A BPE-style alphabet ("▁" starts a word): the LM is asked for whole words and </s>, never for pieces."""
+    labels = ["", "▁w", "▁w1", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]
+    text = "w12 w3 w1"
+    pieces = " ".join(["▁w1 2", "▁w 3", "▁w1"]).split()  # as a BPE model might spell it
+    with words_asked(local) as asked:
+        decoder = build_ctcdecoder(labels, local, alpha=0.5, beta=1.0)
+        got, state = decode_path(decoder, piece_emissions(pieces, labels))
     assert got == text
     assert set(asked) <= {*text.split(), "w1", "w", ""} and all(w.startswith("w") or w == "" for w in asked)
     assert state.neural == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
@@ -347,26 +360,11 @@ def test_flashlight_with_subword_pieces_scores_whole_words(flashlight, local, en
     """Pieces spell the lexicon's words (no silence between words): the LM hears a word when its spelling ends."""
     tokens = ["-", "|", "▁w", "▁w1", *"0123456789"]
     lexicon = {w: [["▁w1", *w[2:]] if w.startswith("w1") else ["▁w", *w[1:]]] for w in WORDS}
-    asked = []
-    original = local.score_many
-
-    def spy(pairs, keep=True):
-        asked.extend(word for _, word, _ in pairs)
-        return original(pairs, keep)
-
-    local.score_many = spy
-    try:
+    text = "w12 w3 w1"
+    with words_asked(local) as asked:
         fl_lm = flashlight.LMServeFlashlightLM(local, [*WORDS, "<unk>"])
         decoder = flashlight.lexicon_decoder(tokens, lexicon, fl_lm, beam_size=16, lm_weight=0.5, sil_score=-100.0)
-        text = "w12 w3 w1"
-        pieces = ["▁w1", "2", "▁w", "3", "▁w1"]
-        emissions = np.full((2 * len(pieces), len(tokens)), np.log(0.02 / (len(tokens) - 1)), dtype=np.float32)
-        for k, piece in enumerate(pieces):
-            emissions[2 * k, tokens.index(piece)] = np.log(0.98)
-            emissions[2 * k + 1, 0] = np.log(0.98)
-        (best,) = decoder.decode(emissions)
-    finally:
-        del local.score_many
+        (best,) = decoder.decode(piece_emissions(["▁w1", "2", "▁w", "3", "▁w1"], tokens))
     assert " ".join(best.words) == text
     assert set(asked) <= {*WORDS, ""}  # whole words (and "" for </s>), never a piece
     assert best.lm_logprob == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
