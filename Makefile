@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) kenlm
 
 # KenLM's lmplz (estimates ARPA models) and build_binary, compiled from the PyPI kenlm source package, whose Python
-# module only queries, by `lm-rescore ngram install-tools` (rescoring/kenlm_tools.py: the source is the version the
+# module only queries, by `lm-rescore ngram install-tools` (rescoring/commands/kenlm_tools.py: the source is the version the
 # venv's kenlm module was built from, so both read the same binary format). Idempotent: nothing happens once both
 # binaries exist, and apt runs only when a build dependency is missing. Outside a checkout, lm-rescore finds them
 # through LMSERVE_KENLM_BIN or PATH.
@@ -25,7 +25,7 @@ KENLM := .cache/kenlm
 kenlm: $(KENLM)/bin/lmplz $(KENLM)/bin/build_binary
 
 $(KENLM)/bin/lmplz $(KENLM)/bin/build_binary &: | $(STAMP)
-	DEBS=$$($(PY) -c 'from lmserve.rescoring.kenlm_tools import DEBIAN_PACKAGES; print(*DEBIAN_PACKAGES)'); \
+	DEBS=$$($(PY) -c 'from lmserve.rescoring.commands.kenlm_tools import DEBIAN_PACKAGES; print(*DEBIAN_PACKAGES)'); \
 	dpkg -s $$DEBS >/dev/null 2>&1 || { \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && \

@@ -35,7 +35,16 @@ def lm_rescore_score(bundle: Path, normalize: str | None, sentences: list[str], 
     """``lm-rescore score`` itself, as a user runs it."""
     path = folder / "decoded.txt"
     path.write_text("".join(s + "\n" for s in sentences))
-    command = [sys.executable, "-m", "lmserve.rescoring.cli", "score", "--lm", str(bundle), "--input", str(path)]
+    command = [
+        sys.executable,
+        "-m",
+        "lmserve.rescoring.commands.cli",
+        "score",
+        "--lm",
+        str(bundle),
+        "--input",
+        str(path),
+    ]
     command += ["--format", "jsonl", "--threads", "1", *(["--normalize", normalize] if normalize else [])]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return [json.loads(line)["logprob"] for line in out.splitlines()]

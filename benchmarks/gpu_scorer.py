@@ -10,14 +10,19 @@ Two measurements, each of a scorer on ``--device`` (cuda) beside the same bundle
   neural LM only; the two scorers take turns, ``--rounds`` rounds (``benchmarks.common.time_interleaved``), medians.
   The lists are read in the bundle's own text form unless ``--normalize`` names a preset, and the run stops when
   more than a fifth of their words are unknown to the bundle (``unknown_share``): text in the wrong form times
-  nothing real. Then ``graph_time`` (the share inside onnxruntime) and ``op_profile`` (onnxruntime's profiler);
+  nothing real. Then ``graph_time`` (the share inside onnxruntime) and ``op_profile`` (onnxruntime's profiler).
+  With ``--device cuda`` a third scorer takes its turns: the GPU in float16 (``precision="fp16"``,
+  ``rescoring.precision``), ``gpu_fp16_lists_per_s``; each GPU scorer's scores of the lists are compared with the
+  CPU's (``parity``): ``gpu_token_max_abs_diff`` and ``fp16_token_max_abs_diff`` (the fp16 bound), sentence
+  differences, and how often the neural LM alone picks the same best hypothesis of a list (``fp16_lm_best_agreement``);
 - ``next_words_p99_ms``: a batched decoder step on ``--device``: beam ``--beam`` x ``--decoders`` decoders, every
   hypothesis' state in one ``step`` run (what lm-serve's ScoreNextWordsBatch gives a step when the server merges the
   decoders' calls; gRPC, the n-gram and the state tokens are left out: they are CPU work whatever the device), one
   candidate each, every hypothesis going on from its own output state as ``benchmarks.beam_step_load``'s walks do.
   So the states stay on the device between steps (``next_word_scores(device_states=True)``, onnxruntime's IO
   binding); ``host_states_p99_ms`` copies them to numpy and back each step, as the server's batches of states of many
-  decoders must, and ``cpu_next_words_p99_ms`` is the CPU scorer's step. Percentiles as ``benchmarks.decoding``'s.
+  decoders must, ``fp16_next_words_p99_ms`` is the fp16 scorer's step (states on the device) and
+  ``cpu_next_words_p99_ms`` the CPU scorer's. Percentiles as ``benchmarks.decoding``'s.
 
 What must be true on the machine for ``--device cuda`` (the default):
 
@@ -50,7 +55,7 @@ from benchmarks.serve_harness import DEV_OTHER
 from lmserve.rescoring.command import add_device_argument
 from lmserve.rescoring.nbest import NBestList, read_nbest
 from lmserve.rescoring.rescore import LanguageModels
-from lmserve.rescoring.scorer import BOS, Scorer
+from lmserve.rescoring.scorer import BOS, Scorer, SentenceScore
 from lmserve.rescoring.textnorm import PRESETS
 
 BUNDLE = ROOT / "var" / "bundles" / "demo"
@@ -135,6 +140,23 @@ def op_profile(scorer: Scorer, lists: list[list[str]], per_call: int, top: int =
     }
 
 
+def scored_lists(scorer: Scorer, lists: list[list[str]], per_call: int) -> list[list[SentenceScore]]:
+    return [s for first in range(0, len(lists), per_call) for s in scorer.score_nbest(lists[first : first + per_call])]
+
+
+def parity(want: list[list[SentenceScore]], got: list[list[SentenceScore]]) -> dict:
+    """How far ``got``'s scores of the same lists are from ``want``'s: the largest token and sentence differences, and
+    the share of lists whose best hypothesis by the neural LM alone is the same (what reranking would notice)."""
+    tokens = sentences = 0.0
+    same = 0
+    for want_list, got_list in zip(want, got, strict=True):
+        for w, g in zip(want_list, got_list, strict=True):
+            tokens = max(tokens, float(np.abs(w.token_logprobs - g.token_logprobs).max()))
+            sentences = max(sentences, abs(w.logprob - g.logprob))
+        same += int(np.argmax([s.logprob for s in want_list]) == np.argmax([s.logprob for s in got_list]))
+    return {"token_max_abs_diff": tokens, "sentence_max_abs_diff": sentences, "lm_best_agreement": same / len(want)}
+
+
 def step_latencies(scorer: Scorer, rows: int, steps: int, device_states: bool, seed: int = 0) -> list[float]:
     """Milliseconds of each of ``steps`` chained ``step`` runs over ``rows`` states from the sentence start, each
     hypothesis reading a word drawn from the vocabulary (the words change the work of no head but the adaptive's
@@ -175,16 +197,20 @@ def main(argv: list[str] | None = None) -> dict:
     common.use_results(args.results)
 
     normalizer = PRESETS[args.normalize] if args.normalize else None
-    scorers = {  # one scorer for both with --device cpu
-        device: Scorer(
+    kinds = {args.device: (args.device, "fp32"), "cpu": ("cpu", "fp32")}  # one scorer for both with --device cpu
+    if args.device == "cuda":
+        kinds["cuda_fp16"] = ("cuda", "fp16")
+    scorers = {
+        name: Scorer(
             args.bundle,
             threads=args.threads,
             device=device,
             normalizer=normalizer,
             max_batch_tokens=args.max_batch_tokens if device == args.device else 0,
             overlap=False if args.no_overlap and device == args.device else None,
+            precision=precision,
         )
-        for device in (args.device, "cpu")
+        for name, (device, precision) in kinds.items()
     }
     measured, cpu = scorers[args.device], scorers["cpu"]
     nbest = NBestList(read_nbest(args.list).entries[: args.lists], args.list.name)
@@ -200,6 +226,10 @@ def main(argv: list[str] | None = None) -> dict:
         {device: lambda s=scorer: lists_seconds(s, lists, args.lists_per_call) for device, scorer in scorers.items()},
         args.rounds,
     )
+    scored = {name: scored_lists(scorer, lists, args.lists_per_call) for name, scorer in scorers.items()}
+    # each GPU scorer against the CPU's (--device cpu: the CPU scorer against itself, the comparison run)
+    agree = {name: parity(scored["cpu"], scored[name]) for name in scorers if name != "cpu" or args.device == "cpu"}
+    print("parity with the CPU", json.dumps(agree), flush=True)
     graph_time = {device: graph_share(scorer, lists, args.lists_per_call) for device, scorer in scorers.items()}
     print("graph time", json.dumps(graph_time), flush=True)
     ops = op_profile(measured, lists, args.lists_per_call)
@@ -207,6 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     rows = args.beam * args.decoders
     ways = {"device_states": (measured, True), "host_states": (measured, False), "cpu": (cpu, False)}
+    if "cuda_fp16" in scorers:
+        ways["fp16_device_states"] = (scorers["cuda_fp16"], True)
     steps = {}
     for way, (scorer, on_device) in ways.items():
         step_latencies(scorer, rows, args.warmup, on_device)
@@ -220,10 +252,19 @@ def main(argv: list[str] | None = None) -> dict:
         "next_words_p50_ms": steps["device_states"]["p50_ms"],
         "host_states_p99_ms": steps["host_states"]["p99_ms"],
         "cpu_next_words_p99_ms": steps["cpu"]["p99_ms"],
+        "gpu_token_max_abs_diff": agree[args.device]["token_max_abs_diff"],
     }
+    if "cuda_fp16" in scorers:
+        metrics |= {
+            "gpu_fp16_lists_per_s": len(lists) / seconds["cuda_fp16"],
+            "fp16_next_words_p99_ms": steps["fp16_device_states"]["p99_ms"],
+            **{f"fp16_{key}": value for key, value in agree["cuda_fp16"].items()},
+        }
     extra = dict(
         device=args.device,
         providers={device: s.sessions["step"].get_providers() for device, s in scorers.items()},
+        precision={name: precision for name, (_, precision) in kinds.items()},
+        parity=agree,
         bundle=str(args.bundle),
         list=str(args.list),
         lists=len(lists),
@@ -238,7 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
         rounds=args.rounds,
         threads=args.threads,
         step={"decoders": args.decoders, "beam": args.beam, "rows": rows, "candidates": 1, "ways": steps},
-        note="gpu_* and next_words_* are the --device scorer's (named for the GPU it is meant for), cpu_* the CPU's",
+        note="gpu_* and next_words_* are the --device scorer's (named for the GPU it is meant for), cpu_* the CPU's, "
+        "fp16_* the GPU's in float16; *_abs_diff from the CPU's scores of the same lists",
     )
     write_result("gpu_scorer", metrics, **extra)
     print({k: round(v, 3) for k, v in metrics.items()})

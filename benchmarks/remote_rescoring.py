@@ -78,7 +78,7 @@ def main() -> None:
                 for name, flags in cases.items():
                     folder = tmp / f"{name}-{round_}"  # fresh: no score cache from an earlier run
                     folder.mkdir()
-                    command = [sys.executable, "-m", "lmserve.rescoring.cli", "nbest", str(source)]
+                    command = [sys.executable, "-m", "lmserve.rescoring.commands.cli", "nbest", str(source)]
                     command += ["--weights", str(weights), "--out", str(folder / "out.jsonl"), "--quiet"]
                     command += ["--report", str(folder / "report.json"), "--no-overlap-check", *flags]
                     start = time.perf_counter()

@@ -103,7 +103,15 @@ def fuzz(case: str, cases: int) -> dict:
 
 def command(kind: str, work: Path, weights: Path) -> list[str]:
     out = work / "out"
-    args = [sys.executable, "-m", "lmserve.rescoring.cli", "nbest", str(work / "dev_other"), "--weights", str(weights)]
+    args = [
+        sys.executable,
+        "-m",
+        "lmserve.rescoring.commands.cli",
+        "nbest",
+        str(work / "dev_other"),
+        "--weights",
+        str(weights),
+    ]
     args += ["--threads", "1", "--quiet", "--cache", str(out / "dev_other.lmscores.jsonl")]
     if kind == "folder":
         return [*args, "--out", str(out / "dev_other.rescored"), "--out-format", "espnet"]
@@ -230,7 +238,10 @@ def validation_times(bundle: Path, rounds: int) -> dict:
             for name, args in cases.items():
                 start = time.perf_counter()
                 done = subprocess.run(
-                    [sys.executable, "-m", "lmserve.rescoring.cli", *args], env=env, capture_output=True, text=True
+                    [sys.executable, "-m", "lmserve.rescoring.commands.cli", *args],
+                    env=env,
+                    capture_output=True,
+                    text=True,
                 )
                 seconds[name].append(time.perf_counter() - start)
                 assert done.returncode == 2 and not (work / "o.jsonl").exists(), done.stderr

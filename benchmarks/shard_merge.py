@@ -30,7 +30,7 @@ TIMING = ("seconds", "seconds_per_million_words")
 def lm_rescore(*args: str) -> float:
     """Wall seconds of one ``lm-rescore`` command (its output goes to our stderr)."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "lmserve.rescoring.cli", *args], check=True, stdout=sys.stderr)
+    subprocess.run([sys.executable, "-m", "lmserve.rescoring.commands.cli", *args], check=True, stdout=sys.stderr)
     return time.perf_counter() - start
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from lmserve.rescoring.cli import main
+from lmserve.rescoring.commands.cli import main
 
 sys.exit(main())

@@ -62,6 +62,31 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str | None = "
     )
 
 
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    """``--precision fp32|fp16``, the arithmetic of a command's neural scorer (``rescoring.precision``); a command
+    refuses fp16 off ``--device cuda`` among its conflicts (:func:`precision_conflict`)."""
+    from lmserve.rescoring.precision import PRECISIONS
+
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="the neural LM's arithmetic (default: %(default)s); fp16 on --device cuda only, its scores within a "
+        "stated bound of fp32's",
+    )
+
+
+def precision_conflict(args: argparse.Namespace) -> str | None:
+    """Why ``--precision`` cannot run on ``--device``, or None."""
+    from lmserve.rescoring.precision import PrecisionError, check_precision
+
+    try:
+        check_precision(args.precision, args.device)
+    except PrecisionError as e:
+        return f"--precision {args.precision} with --device {args.device}: {e}"
+    return None
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
     """``parser.parse_args``, then the subcommand's ``conflicts(args)`` (given with ``set_defaults``): a message when
     options cannot be honoured together, refused as argparse refuses a bad value (exit 2), before anything is read.

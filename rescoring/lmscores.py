@@ -273,7 +273,7 @@ def write_cache(
     path: Path, key: dict, nbest: NBestList, scores: list[list[HypothesisScores]], shard: dict | None = None
 ) -> None:
     """``shard``: where these lists lie in a whole list and the whole list's key (``tune --shard``), for
-    ``lm-rescore merge --caches`` to write the whole list's cache (``rescoring.shards``)."""
+    ``lm-rescore merge --caches`` to write the whole list's cache (``rescoring.commands.shards``)."""
 
     def array(x: np.ndarray | None) -> list[float] | None:
         return None if x is None else x.tolist()  # every digit: a cached run writes what a fresh one does

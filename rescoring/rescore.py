@@ -51,9 +51,11 @@ class LanguageModels:
         threads: int = 0,
         open_vocab: bool = False,
         device: str = "cpu",
+        precision: str = "fp32",
     ) -> LanguageModels:
         """``normalize``: a preset of ``rescoring.textnorm.PRESETS``; by default the bundle's own text settings.
-        ``open_vocab``: the bundle scores unknown words from their spelling; ``device``: where it runs (``Scorer``)."""
+        ``open_vocab``: the bundle scores unknown words from their spelling; ``device`` and ``precision``: where and
+        how it runs (``Scorer``)."""
         if normalize is not None and normalize not in PRESETS:
             raise ValueError(f"unknown text normalisation {normalize!r}; expected one of {sorted(PRESETS)}")
         scorer = None
@@ -64,6 +66,7 @@ class LanguageModels:
                 device=device,
                 normalizer=PRESETS[normalize] if normalize else None,
                 open_vocab=open_vocab,
+                precision=precision,
             )
         normalizer = scorer.normalizer if scorer is not None else PRESETS[normalize or "none"]
         return cls(
@@ -94,7 +97,7 @@ class LanguageModels:
     def scores(self, nbest: NBestList, cache: Path | None = None, progress: bool = False):
         """Per-token scores of every hypothesis (``rescoring.lmscores``), None without models. The rescoring job
         asks nothing else of its LMs, which is what lets ``lm-rescore --server`` put a running lm-serve in their
-        place (``rescoring.remote.RemoteLanguageModels``: ``available``, ``scores`` and ``paths`` alike)."""
+        place (``rescoring.commands.remote.RemoteLanguageModels``: ``available``, ``scores`` and ``paths`` alike)."""
         if not self.available:
             return None
         self.check_vocabulary(nbest)
@@ -280,7 +283,7 @@ REPORT_SYSTEMS = ("1best", "rescored", "oracle")
 def report(nbest: NBestList, chosen: Sequence[int], metric: str, bootstrap_samples: int = 1000) -> dict:
     """1-best (the decoder's first), rescored and oracle side by side, and a paired bootstrap of rescored vs 1-best.
     Every figure is a function of per-utterance statistics (:func:`utterance_stats`), so the shards of a list,
-    merged, give the report of the whole list (``rescoring.shards``)."""
+    merged, give the report of the whole list (``rescoring.commands.shards``)."""
     references = len(nbest.entries[0].references) if len(nbest) else 0
     stats = utterance_stats(nbest, chosen, metric)
     return report_from_stats(nbest.name, metric, stats, references, bootstrap_samples)

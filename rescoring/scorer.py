@@ -27,7 +27,8 @@ pieces'. The tokens of ``encode``, ``score_ids`` and the decoder steps are then 
 ``pip install 'lmserve[gpu]'``; float32 with TF32 off, its scores are within 1e-4 of the CPU's,
 tests/test_scorer_gpu.py). It is chosen, never guessed: a scorer asked for CUDA that cannot have it fails when it is
 made (:class:`DeviceError`) instead of scoring on the CPU at a fraction of the speed the caller planned for, and a
-machine with onnxruntime-gpu still scores on the CPU unless asked.
+machine with onnxruntime-gpu still scores on the CPU unless asked. On the GPU, ``precision="fp16"`` computes in float16
+on the tensor cores, its scores within a stated bound of float32's instead of 1e-4 (``rescoring.precision``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import numpy as np
 import onnxruntime as ort
 
 from lmserve.rescoring.bundle import Bundle, BundleError
+from lmserve.rescoring.precision import PrecisionError, check_precision, half_graph
 from lmserve.rescoring.subword import EveryWord, WordPieces
 from lmserve.rescoring.textnorm import TextNormalizer
 
@@ -151,14 +153,17 @@ class Scorer:
         normalizer: TextNormalizer | None = None,
         open_vocab: bool = False,
         overlap: bool | None = None,
+        precision: str = "fp32",
     ):
         """``normalizer`` turns text into the tokens the model was trained on; by default the bundle's own ``text``
         settings (what its training text looked like). Pass one (e.g. ``PRESETS["ptb"]``) to score text from
         another source, such as ASR hypotheses for a PTB model. ``open_vocab``: score unknown words from their
         spelling (a bundle with ``spelling`` only). ``device``: "cpu" or "cuda" (module docstring). ``overlap``:
         :meth:`score` reads the next sentences while the graph runs, by default off the CPU only (on the CPU the
-        graph's own threads take the cores that reading would use)."""
+        graph's own threads take the cores that reading would use). ``precision``: "fp32", or "fp16" on "cuda"
+        (``rescoring.precision``)."""
         self.device = check_device(device)
+        self.precision = check_precision(precision, device)
         self.overlap = device != "cpu" if overlap is None else overlap
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
@@ -194,7 +199,9 @@ class Scorer:
         too) is a BundleError naming the file, not onnxruntime's own exception."""
         path = self.bundle.graph_path(name)
         try:
-            session = ort.InferenceSession(str(path), options, providers=self.session_providers())
+            session = ort.InferenceSession(self.graph_source(name), options, providers=self.session_providers())
+        except PrecisionError:  # no onnx to convert with: not the bundle's fault
+            raise
         except Exception as e:  # onnxruntime's InvalidProtobuf, Fail, ...: no common base class but Exception
             raise BundleError(f"{path}: ONNX Runtime cannot load the {name!r} graph: {type(e).__name__}: {e}") from e
         if session.get_providers()[0] != self.providers[0]:  # onnxruntime-gpu without a GPU or its CUDA libraries
@@ -205,6 +212,11 @@ class Scorer:
                 "cuDNN versions this onnxruntime-gpu was built for are installed, or use device 'cpu'"
             )
         return session
+
+    def graph_source(self, name: str) -> str | bytes:
+        """What a session of the ``name`` graph is made from: the bundle's file, or in fp16 the graph rewritten."""
+        path = self.bundle.graph_path(name)
+        return half_graph(path) if self.precision == "fp16" else str(path)
 
     def session_providers(self) -> list[tuple[str, dict]]:
         """The providers of the scorer's sessions, each with its options (``PROVIDER_OPTIONS``)."""

@@ -20,15 +20,15 @@ from pathlib import Path
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from lmserve.rescoring.cli import read_lines
 from lmserve.rescoring.client import DEFAULT_TARGET, LMServeClient, normalisation_name, ranked_lists
 from lmserve.rescoring.command import add_common_arguments, add_device_argument, parse_args, run_command
+from lmserve.rescoring.commands.cli import read_lines
+from lmserve.rescoring.commands.score_lines import FORMATS as SCORE_FORMATS
+from lmserve.rescoring.commands.score_lines import score_line
 from lmserve.rescoring.nbest import FOLDER_FORMATS, FORMATS, MAX_WORDS, read_nbest, write_nbest
 from lmserve.rescoring.nbest.checks import parse_defaults
 from lmserve.rescoring.ngram import NgramError
 from lmserve.rescoring.outputs import check_outputs
-from lmserve.rescoring.score_lines import FORMATS as SCORE_FORMATS
-from lmserve.rescoring.score_lines import score_line
 from lmserve.server.config import load_config
 from lmserve.server.logs import setup_logging
 

@@ -47,6 +47,7 @@
     lambda = 0.5                  # optional per-word interpolation weight: ScoreSentences/ScoreNextWords add it
     open_vocab = false            # optional: score unknown words from their spelling (a bundle whose head spells,
                                   # charcnn or cnnsoftmax) in ScoreSentences and RescoreNBest/KBest, not as <unk>
+    precision = "fp32"            # optional: "fp16" computes in float16 on device "cuda" (rescoring.precision)
     [models.librispeech.profiles] # weights files written by `lm-rescore tune`, by profile name
     dev_clean = "rescore/dev_clean.weights.json"
 
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from lmserve.rescoring.nbest.checks import MAX_WORDS
+from lmserve.rescoring.precision import PRECISIONS
 from lmserve.rescoring.scorer import DEVICES
 
 ENGINES = ("threads", "processes")  # server.engine
@@ -127,6 +129,7 @@ class ModelConfig:
     lam: float | None = None
     profiles: dict[str, Path] = field(default_factory=dict)
     open_vocab: bool = False
+    precision: str = "fp32"
 
 
 @dataclass
@@ -203,7 +206,7 @@ def _tls(table: object, path: Path) -> Tls:
 def _model(table: object, path: Path, where: str) -> ModelConfig:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: {where} must be a table")
-    _only(table, {"bundle", "ngram", "normalize", "lambda", "profiles", "open_vocab"}, path, where)
+    _only(table, {"bundle", "ngram", "normalize", "lambda", "profiles", "open_vocab", "precision"}, path, where)
     bundle = _typed(table, "bundle", str, path, where, required=True)
     ngram = _typed(table, "ngram", str, path, where)
     normalize = _typed(table, "normalize", str, path, where)
@@ -215,6 +218,9 @@ def _model(table: object, path: Path, where: str) -> ModelConfig:
     open_vocab = table.get("open_vocab", False)
     if type(open_vocab) is not bool:
         raise ConfigError(f"{path}: {where}.open_vocab = {open_vocab!r}: expected true or false")
+    precision = _typed(table, "precision", str, path, where) or "fp32"
+    if precision not in PRECISIONS:
+        raise ConfigError(f"{path}: {where}.precision = {precision!r}: expected one of {list(PRECISIONS)}")
     profiles = table.get("profiles", {})
     if not isinstance(profiles, dict) or not all(isinstance(v, str) for v in profiles.values()):
         raise ConfigError(f'{path}: {where}.profiles must be a table of NAME = "weights file"')
@@ -226,6 +232,7 @@ def _model(table: object, path: Path, where: str) -> ModelConfig:
         None if lam is None else float(lam),
         {name: base / file for name, file in profiles.items()},
         open_vocab,
+        precision,
     )
 
 

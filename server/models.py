@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmserve.rescoring.interpolated import InterpolatedLM
+from lmserve.rescoring.precision import PrecisionError
 from lmserve.rescoring.rescore import LanguageModels, Setup, setup_from_record
 from lmserve.rescoring.tune import read_weights
 from lmserve.server.config import Config, ConfigError, ModelConfig
@@ -41,7 +42,12 @@ class ServedModel:
     def load(
         cls, name: str, config: ModelConfig, threads: int, generation: int = 1, device: str = "cpu"
     ) -> ServedModel:
-        lms = LanguageModels.load(config.bundle, config.ngram, config.normalize, threads, config.open_vocab, device)
+        try:
+            lms = LanguageModels.load(
+                config.bundle, config.ngram, config.normalize, threads, config.open_vocab, device, config.precision
+            )
+        except PrecisionError as e:  # fp16 in the config, the device cpu (perhaps from the command line)
+            raise ConfigError(f"models.{name}.precision = {config.precision!r}: {e}") from e
         if config.lam is not None and lms.normalisation == "unnormalised":
             raise ConfigError(
                 f"models.{name}.lambda: {config.bundle}'s scores are unnormalised (see its manifest's heldout log Z), "

@@ -10,9 +10,9 @@ import json
 import os
 from pathlib import Path
 
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
+from lmserve.rescoring.commands.shards import fingerprint
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
-from lmserve.rescoring.shards import fingerprint
 from lmserve.server.cli import main as serve_main
 from lmserve.training.cli import main as train_main
 

@@ -157,7 +157,7 @@ def test_valid_fraction_carves_the_last_lines_of_the_one_training_file(initial, 
 
 
 def test_the_references_of_an_nbest_list_become_training_text_in_the_lms_form(tmp_path, capsys):
-    from lmserve.rescoring.cli import main as rescore
+    from lmserve.rescoring.commands.cli import main as rescore
 
     listed = tmp_path / "atis.jsonl"
     entries = [

@@ -35,7 +35,15 @@ def run_into_a_closed_pipe(command: list[str], stdin: str = "") -> subprocess.Co
 
 def test_lm_rescore_ends_quietly_when_its_reader_is_gone(tmp_path):
     (tmp_path / "tiny.arpa").write_text(ARPA)
-    command = [sys.executable, "-m", "lmserve.rescoring.cli", "ngram", "query", "--lm", str(tmp_path / "tiny.arpa")]
+    command = [
+        sys.executable,
+        "-m",
+        "lmserve.rescoring.commands.cli",
+        "ngram",
+        "query",
+        "--lm",
+        str(tmp_path / "tiny.arpa"),
+    ]
     done = run_into_a_closed_pipe(command, "A A\n" * 50_000)
     assert done.returncode == 141
     assert "lm-rescore" not in done.stderr and "Traceback" not in done.stderr  # (KenLM's own loading note is there)

@@ -143,7 +143,7 @@ STOP = {"|", "||", "&", "&&", ";", ">", ">>", "<", "(", ")", "2>", "&>"}
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    from lmserve.rescoring.cli import build_parser as rescoring_parser
+    from lmserve.rescoring.commands.cli import build_parser as rescoring_parser
     from lmserve.server.cli import build_parser as server_parser
     from lmserve.training.cli import build_parser as training_parser
 

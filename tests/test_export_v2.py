@@ -19,8 +19,8 @@ from conftest import (
 )
 
 from lmserve.rescoring.bundle import Bundle, BundleError, validate_manifest
-from lmserve.rescoring.cli import main as rescore_main
 from lmserve.rescoring.client import LMServeClient
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.rescore import LanguageModels, Setup, reranked
 from lmserve.rescoring.scorer import Scorer

@@ -12,7 +12,7 @@ import pytest
 import sacrebleu
 
 from lmserve.rescoring import consensus
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.features import Consensus, feature_matrices, parse_consensus, parse_definition
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
 from lmserve.rescoring.rescore import Setup, report, reranked, setup_from_record, setup_record, tune

@@ -9,7 +9,7 @@ import pytest
 from test_closed_stdout import ARPA
 from test_rescore_robustness import OPENED, lists
 
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import read_nbest, write_nbest
 from lmserve.rescoring.tune import read_weights
 
@@ -43,7 +43,7 @@ NBEST = ["nbest", "dev.jsonl", "--weights", "w.json", "--out", "o.jsonl", "--qui
 
 def test_the_weights_record_each_models_fingerprint(tuned):
     from lmserve.rescoring.bundle import sha256_file
-    from lmserve.rescoring.shards import fingerprint
+    from lmserve.rescoring.commands.shards import fingerprint
 
     recorded = read_weights("w.json")["setup"]["fingerprints"]
     assert recorded == {

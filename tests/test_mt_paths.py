@@ -12,8 +12,8 @@ import grpc
 import pytest
 from conftest import running_lm_serve
 
-from lmserve.rescoring.cli import main as rescore_main
 from lmserve.rescoring.client import LMServeClient, hypothesis_list
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.server.cli import main as serve_main
 

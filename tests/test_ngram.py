@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lmserve.rescoring import ngram
-from lmserve.rescoring.cli import main
+from lmserve.rescoring.commands.cli import main
 from lmserve.rescoring.ngram import NgramError, NgramLM, build_ngram
 
 

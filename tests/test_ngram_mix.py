@@ -14,7 +14,7 @@ import kenlm
 import numpy as np
 import pytest
 
-from lmserve.rescoring.cli import main
+from lmserve.rescoring.commands.cli import main
 from lmserve.rescoring.ngram import NgramError, NgramLM
 from lmserve.rescoring.ngram_mix import NgramMixture, best_mix, load_ngram
 from lmserve.rescoring.rescore import LanguageModels

@@ -11,7 +11,7 @@ from test_rescore import corrupted_lists
 from lmserve.rescoring import bundle as bundle_format
 from lmserve.rescoring import client
 from lmserve.rescoring.bundle import Bundle
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import write_nbest
 from lmserve.rescoring.scorer import Scorer
 from lmserve.training.cli import main as train_main

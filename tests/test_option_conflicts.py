@@ -4,9 +4,9 @@ below do not exist: a command that read anything would fail with another message
 
 import pytest
 
-from lmserve.rescoring.cli import build_parser as rescore_parser
-from lmserve.rescoring.cli import main as rescore_main
 from lmserve.rescoring.command import parse_args
+from lmserve.rescoring.commands.cli import build_parser as rescore_parser
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.server.cli import main as serve_main
 
 NBEST = ["nbest", "missing.jsonl", "--weights", "missing.json", "--out", "o.jsonl"]

@@ -9,7 +9,7 @@ from conftest import make_sentences
 from test_rescore import corrupted_lists
 
 from lmserve.rescoring import overlap
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import write_nbest
 
 REFS = [

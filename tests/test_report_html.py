@@ -9,7 +9,7 @@ import pytest
 from conftest import make_sentences
 from test_rescore import corrupted_lists
 
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
 from lmserve.rescoring.ngram import build_ngram
 from lmserve.rescoring.report_html import build_html

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import make_sentences
 
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.features import feature_matrices, parse_definition
 from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute, summed
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest

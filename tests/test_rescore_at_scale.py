@@ -16,8 +16,8 @@ import pytest
 from conftest import make_sentences
 from test_rescore import corrupted_lists
 
-from lmserve.rescoring.cli import main as rescore_main
-from lmserve.rescoring.fleet import Fleet, FleetLanguageModels
+from lmserve.rescoring.commands.cli import main as rescore_main
+from lmserve.rescoring.commands.fleet import Fleet, FleetLanguageModels
 from lmserve.rescoring.nbest import NBestList, read_nbest, write_nbest
 from lmserve.rescoring.ngram import build_ngram
 from lmserve.rescoring.rescore import report, report_from_stats, setup_from_record, utterance_stats

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 
 from lmserve.rescoring.bundle import Bundle, BundleError, sha256_file
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestFormatError, NBestList, read_nbest, write_nbest
 
 
@@ -252,7 +252,7 @@ def test_5_no_traceback_for_a_bad_flag_a_bad_config_or_ctrl_c(tmp_path, bundles)
     weights = weights_file(tmp_path / "w.json", bundles[("full", 0.0)][1])
     args = [
         "-m",
-        "lmserve.rescoring.cli",
+        "lmserve.rescoring.commands.cli",
         "nbest",
         str(big),
         "--weights",
@@ -278,7 +278,7 @@ def test_5_no_traceback_for_a_bad_flag_a_bad_config_or_ctrl_c(tmp_path, bundles)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary files left
     debug = run_cli(
         "-m",
-        "lmserve.rescoring.cli",
+        "lmserve.rescoring.commands.cli",
         "nbest",
         str(tmp_path / "nope.jsonl"),
         "--weights",
@@ -352,7 +352,7 @@ def test_8_over_long_hypotheses_are_refused_with_the_servers_limit(tmp_path):
 
 
 def test_9_version_and_score_normalize(tmp_path, bundles):
-    for module in ("lmserve.training.cli", "lmserve.rescoring.cli", "lmserve.server.cli"):
+    for module in ("lmserve.training.cli", "lmserve.rescoring.commands.cli", "lmserve.server.cli"):
         done = run_cli("-m", module, "--version")
         assert done.returncode == 0 and "lmserve" in done.stdout, module
     from lmserve.rescoring.scorer import Scorer
@@ -362,7 +362,15 @@ def test_9_version_and_score_normalize(tmp_path, bundles):
     text = tmp_path / "s.txt"
     text.write_text("W1 W2 W3\n")
     done = run_cli(
-        "-m", "lmserve.rescoring.cli", "score", "--lm", str(bundle), "--input", str(text), "--normalize", "lower"
+        "-m",
+        "lmserve.rescoring.commands.cli",
+        "score",
+        "--lm",
+        str(bundle),
+        "--input",
+        str(text),
+        "--normalize",
+        "lower",
     )
     assert done.returncode == 0, done.stderr
     want = Scorer(bundle, threads=1, normalizer=PRESETS["lower"]).score(["W1 W2 W3"])[0].logprob

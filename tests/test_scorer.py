@@ -12,7 +12,7 @@ import torch
 from conftest import BUNDLE_HEADS
 
 from lmserve.rescoring.bundle import BundleError, sha256_file
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.scorer import Scorer
 from lmserve.rescoring.textnorm import TextNormalizer
 from lmserve.training.checkpoint import load_model_for_eval

@@ -1,6 +1,6 @@
 """Where the scorer runs (``Scorer(device=...)``, ``--device``, ``server.device``) and its IO-bound step.
 
-The CUDA scorer's parity with the CPU scorer needs an NVIDIA GPU and onnxruntime-gpu (``needs_gpu``: skipped, with
+The CUDA scorer's parity with the CPU scorer (and its fp16 sessions' bound) needs an NVIDIA GPU and onnxruntime-gpu (``needs_gpu``: skipped, with
 the reason, where either is missing); the rest runs on the CPU: the error for a CUDA device that this onnxruntime
 cannot give (the CPU build is the one installed here, so the error path is the real one), and the IO-bound step's
 exact agreement with a plain ``session.run``.
@@ -14,8 +14,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from conftest import make_sentences
+from test_precision import TOKEN_BOUND
 
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
 from lmserve.rescoring.scorer import BOS, DeviceError, Scorer
 from lmserve.server.cli import main as serve_main
@@ -152,7 +153,9 @@ def test_gpu_benchmark_runs_on_the_cpu(bundles, tmp_path):
     result = main([*argv, "--beam", "4", "--steps", "5", "--warmup", "1", "--results", str(tmp_path / "results")])
     written = json.loads((tmp_path / "results" / "gpu_scorer.json").read_text())
     assert written["metrics"] == result["metrics"] and result["lists"] == 4 and result["step"]["rows"] == 8
-    assert all(v > 0 for v in result["metrics"].values())
+    assert result["metrics"]["gpu_token_max_abs_diff"] == 0  # the CPU scorer against itself
+    assert result["parity"]["cpu"]["lm_best_agreement"] == 1 and result["precision"] == {"cpu": "fp32"}
+    assert all(v > 0 for k, v in result["metrics"].items() if not k.endswith("_abs_diff"))
     assert all(way["n"] == 5 for way in result["step"]["ways"].values())
     ops = result["op_profile"]  # the CPU scorer steps through these short lists' prefixes and tails
     assert ops["graphs"]["step"]["runs"] > 0 and ops["providers"] == ["CPUExecutionProvider"]
@@ -161,3 +164,30 @@ def test_gpu_benchmark_runs_on_the_cpu(bundles, tmp_path):
     assert result["overlap"] == {"cpu": False} and result["unknown_share"] < 0.2
     with pytest.raises(ValueError, match=r"100% of the words of 105 hypotheses are unknown to the neural LM"):
         main([*argv[:6], "--normalize", "librispeech", "--results", str(tmp_path / "upper")])  # W1 for w1
+
+
+@pytest.mark.needs_gpu
+@pytest.mark.parametrize("head", ["full", "adaptive"])
+def test_fp16_cuda_scorer_is_within_its_bound_of_the_cpu_scorer(bundles, head):
+    """``precision="fp16"``: float16 sessions on the GPU, float32 states and scores, every token score of sentences,
+    n-best lists and decoder steps within the bound of tests/test_precision.py."""
+    if not HAS_CUDA_PROVIDER:
+        pytest.skip(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider: pip install 'lmserve[gpu]'")
+    bundle = bundles[(head, 0.0)][1]
+    cpu, half = Scorer(bundle, threads=1), Scorer(bundle, threads=1, device="cuda", precision="fp16")
+    assert all(s.get_providers()[0] == "CUDAExecutionProvider" for s in half.sessions.values())
+    sentences = make_sentences(40, seed=7)
+    lists = [sentences[i : i + 10] for i in range(0, 40, 10)]
+    pairs = [*zip(cpu.score(sentences), half.score(sentences), strict=True)]
+    for want_list, got_list in zip(cpu.score_nbest(lists), half.score_nbest(lists), strict=True):
+        pairs += zip(want_list, got_list, strict=True)
+    diff = max(np.abs(got.token_logprobs - want.token_logprobs).max() for want, got in pairs)
+    assert 0 < diff <= TOKEN_BOUND
+    prev, h, c, candidates = step_inputs(cpu, 32, seed=1)
+    half_h, half_c = h, c
+    for _ in range(3):
+        want, h, c = cpu.next_word_scores(prev, h, c, candidates)
+        got, half_h, half_c = half.next_word_scores(prev, half_h, half_c, candidates, device_states=True)
+        assert got.dtype == np.float32 and half_h.data_type() == "tensor(float)"
+        np.testing.assert_allclose(got, want, atol=TOKEN_BOUND)
+        prev = candidates[:, 0]

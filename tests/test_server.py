@@ -20,8 +20,8 @@ import pytest
 from conftest import ROOT, make_sentences
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from lmserve.rescoring.cli import main as rescore_main
 from lmserve.rescoring.client import LMServeClient
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.lmscores import in_vocabulary
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
 from lmserve.rescoring.ngram import NgramLM, build_ngram
@@ -439,7 +439,7 @@ def test_client_cli(server, client, tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("form", [["--format", "jsonl", "--per-token"], ["--format", "jsonl"], ["--per-token"], []])
 def test_client_score_and_lm_rescore_score_print_a_score_alike(server, bundles, tmp_path, monkeypatch, capsys, form):
-    """Issue 34: the same score, laid out the same way by both commands (``rescoring.score_lines``)."""
+    """Issue 34: the same score, laid out the same way by both commands (``rescoring.commands.score_lines``)."""
     (tmp_path / "s.txt").write_text("w1 w2 w3\nw9\n")
     assert (
         serve_main(

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lmserve.rescoring.cli import main as rescore_main
+from lmserve.rescoring.commands.cli import main as rescore_main
 
 pytestmark = pytest.mark.integration
 

@@ -16,14 +16,14 @@ references, the features the weights use, and that every output can be written. 
 all (``rescoring.atomic``).
 
 With ``--server HOST:PORT`` (and ``--server-model NAME``) both take their LM scores from a running ``lm-serve``
-instead of loading models: ``rescoring.remote`` (over the lm-serve client, ``rescoring.client``) is imported only
+instead of loading models: ``rescoring.commands.remote`` (over the lm-serve client, ``rescoring.client``) is imported only
 then, so the engine never needs gRPC, and ``rescoring`` never imports ``server`` (DESIGN.md). ``nbest`` takes a
-fleet, ``--server A,B,…`` with ``--concurrency C``: whole lists as ``RescoreNBest`` calls (``rescoring.fleet``).
+fleet, ``--server A,B,…`` with ``--concurrency C``: whole lists as ``RescoreNBest`` calls (``rescoring.commands.fleet``).
 
 ``nbest --shard K/N`` rescores the K-th of N ranges of the list and ``merge`` joins the shards' outputs and reports
 into exactly one run's; ``tune --shard K/N`` computes the LM scores of one range into a score cache, ``merge
 --caches`` joins them into the whole list's, and ``tune --cache`` tunes on that without running a model (the search
-itself reads every utterance at once; it takes seconds): ``rescoring.shards``.
+itself reads every utterance at once; it takes seconds): ``rescoring.commands.shards``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,20 @@ from pathlib import Path
 
 from lmserve.rescoring import overlap
 from lmserve.rescoring.atomic import atomic_write_text
-from lmserve.rescoring.command import add_device_argument
+from lmserve.rescoring.command import add_device_argument, add_precision_argument, precision_conflict
+from lmserve.rescoring.commands.shards import (
+    Shard,
+    cache_shard,
+    fingerprint,
+    merge,
+    merge_caches,
+    merged_format,
+    read_shards,
+    renumbered,
+    shard_output,
+    shard_record,
+    write_report,
+)
 from lmserve.rescoring.features import check_features
 from lmserve.rescoring.fingerprints import check_fingerprints
 from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint, write_cache
@@ -66,19 +79,6 @@ from lmserve.rescoring.rescore import (
     utterance_stats,
 )
 from lmserve.rescoring.rescore import tune as tune_setup
-from lmserve.rescoring.shards import (
-    Shard,
-    cache_shard,
-    fingerprint,
-    merge,
-    merge_caches,
-    merged_format,
-    read_shards,
-    renumbered,
-    shard_output,
-    shard_record,
-    write_report,
-)
 from lmserve.rescoring.textnorm import PRESETS
 from lmserve.rescoring.tune import METHODS, check_bounds, format_stability, parse_bounds, read_weights, write_weights
 
@@ -217,6 +217,7 @@ def _list_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
     add_device_argument(parser)
+    add_precision_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--feature-default",
@@ -241,7 +242,9 @@ def _list_conflicts(args) -> str | None:
         return f"--source {args.source} without --systems: a list in a format carries its own source"
     if args.server and args.device != "cpu":
         return f"--device {args.device} with --server: the server's config (server.device) says where its models run"
-    return None
+    if args.server and args.precision != "fp32":
+        return f"--precision {args.precision} with --server: the server's config (models.NAME.precision) says how"
+    return precision_conflict(args)
 
 
 def _tune_conflicts(args) -> str | None:
@@ -321,6 +324,7 @@ def _language_models(args, saved: dict, weights: Path | None = None, setup: Setu
                 args.normalize or saved.get("normalize"),
                 args.threads,
                 device=args.device,
+                precision=args.precision,
             )
         except (ValueError, OSError, NgramError) as e:
             if weights is None or (args.lm and args.ngram):
@@ -330,13 +334,13 @@ def _language_models(args, saved: dict, weights: Path | None = None, setup: Setu
         raise ValueError(f"--server scores with the served model's LMs and text settings: leave out --{local[0]}")
     model = args.server_model or saved.get("model", "")
     if setup is not None:
-        from lmserve.rescoring.fleet import Fleet, FleetLanguageModels, parse_targets
+        from lmserve.rescoring.commands.fleet import Fleet, FleetLanguageModels, parse_targets
 
         ca = None if args.server_ca is None else str(args.server_ca)
         fleet = Fleet(parse_targets(server), model, args.concurrency, args.deadline, ca)
         return FleetLanguageModels(fleet, setup, args.lists_per_call)
     from lmserve.rescoring.client import LMServeClient
-    from lmserve.rescoring.remote import RemoteLanguageModels
+    from lmserve.rescoring.commands.remote import RemoteLanguageModels
 
     client = LMServeClient(server, timeout=600, ca=args.server_ca, tls=args.server_ca is not None)
     return RemoteLanguageModels(client, model)

@@ -1,6 +1,6 @@
 """lm-rescore: score sentences with a model bundle; build, query and mix KenLM n-grams; write the references of a list
 as LM training text; tune weights on dev n-best/k-best lists and rerank lists with them (``tune``, ``nbest``:
-``rescoring/rescore_cli.py``)."""
+``rescoring/commands/rescore_cli.py``)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from lmserve.rescoring import rescore_cli
 from lmserve.rescoring.atomic import atomic_write_lines
 from lmserve.rescoring.bundle import Bundle
-from lmserve.rescoring.command import add_common_arguments, add_device_argument, parse_args, run_command
+from lmserve.rescoring.command import (
+    add_common_arguments,
+    add_device_argument,
+    add_precision_argument,
+    parse_args,
+    precision_conflict,
+    run_command,
+)
+from lmserve.rescoring.commands import rescore_cli
+from lmserve.rescoring.commands.score_lines import FORMATS as SCORE_FORMATS
+from lmserve.rescoring.commands.score_lines import score_line
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.nbest import FORMATS, read_nbest
 from lmserve.rescoring.ngram import LN10, NgramError, build_ngram, model_files
 from lmserve.rescoring.ngram_mix import load_ngram, tune_mixture
 from lmserve.rescoring.outputs import check_outputs
-from lmserve.rescoring.score_lines import FORMATS as SCORE_FORMATS
-from lmserve.rescoring.score_lines import score_line
 from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
 
 
@@ -75,6 +82,7 @@ def _score(args) -> int:
         device=args.device,
         normalizer=PRESETS[args.normalize] if args.normalize else None,
         open_vocab=args.open_vocab,
+        precision=args.precision,
     )
     if args.input == "-":
         sentences = read_lines(sys.stdin.buffer, "<stdin>")
@@ -129,7 +137,7 @@ def _ngram_build(args) -> int:
 
 
 def _ngram_install_tools(args) -> int:
-    from lmserve.rescoring.kenlm_tools import install_tools
+    from lmserve.rescoring.commands.kenlm_tools import install_tools
 
     check_outputs({"--dest": args.dest}, {"--source": args.source}, folders={"--dest"})
     for path in install_tools(args.dest, args.source, args.jobs):
@@ -225,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     score.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
     add_device_argument(score)
+    add_precision_argument(score)
     score.add_argument(
         "--normalize",
         choices=sorted(PRESETS),
@@ -236,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="score words outside the vocabulary from their spelling, not as <unk> (bundles of charcnn and "
         "cnnsoftmax heads), as lm-serve's models.NAME.open_vocab",
     )
-    score.set_defaults(func=_score)
+    score.set_defaults(func=_score, conflicts=precision_conflict)
 
     ngram = sub.add_parser("ngram", help="KenLM n-gram models: build with lmplz, query, mix").add_subparsers(
         dest="ngram_command", required=True
