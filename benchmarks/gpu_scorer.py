@@ -109,8 +109,8 @@ def op_profile(scorer: Scorer, lists: list[list[str]], per_call: int, top: int =
     with tempfile.TemporaryDirectory() as tmp:
         for name in plain:
             options.profile_file_prefix = str(Path(tmp) / name)
-            path = str(scorer.bundle.graph_path(name))
-            scorer.sessions[name] = ort.InferenceSession(path, options, providers=scorer.session_providers())
+            source = scorer.graph_source(name)  # the bundle's graph, or its float16 rewrite
+            scorer.sessions[name] = ort.InferenceSession(source, options, providers=scorer.session_providers())
         try:
             lists_seconds(scorer, lists, per_call)
         finally:
@@ -197,11 +197,9 @@ def main(argv: list[str] | None = None) -> dict:
     common.use_results(args.results)
 
     normalizer = PRESETS[args.normalize] if args.normalize else None
-    kinds = {args.device: (args.device, "fp32"), "cpu": ("cpu", "fp32")}  # one scorer for both with --device cpu
-    if args.device == "cuda":
-        kinds["cuda_fp16"] = ("cuda", "fp16")
-    scorers = {
-        name: Scorer(
+
+    def scorer(device: str, precision: str = "fp32") -> Scorer:
+        return Scorer(
             args.bundle,
             threads=args.threads,
             device=device,
@@ -210,8 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
             overlap=False if args.no_overlap and device == args.device else None,
             precision=precision,
         )
-        for name, (device, precision) in kinds.items()
-    }
+
+    scorers = {device: scorer(device) for device in (args.device, "cpu")}  # one scorer for both with --device cpu
     measured, cpu = scorers[args.device], scorers["cpu"]
     nbest = NBestList(read_nbest(args.list).entries[: args.lists], args.list.name)
     # text in the wrong form makes every word <unk>, which times nothing real: the hypotheses of a list become the same
@@ -220,20 +218,31 @@ def main(argv: list[str] | None = None) -> dict:
     models = LanguageModels(cpu, None, cpu.normalizer, {"lm": str(args.bundle), "normalize": args.normalize or None})
     unknown = models.check_vocabulary(nbest, MAX_UNKNOWN)
     lists = [[h.text for h in entry.hypotheses] for entry in nbest]
-    for scorer in scorers.values():  # warm-up: sessions' first runs allocate
-        lists_seconds(scorer, lists[: args.lists_per_call], args.lists_per_call)
+    for each in scorers.values():  # warm-up: sessions' first runs allocate
+        lists_seconds(each, lists[: args.lists_per_call], args.lists_per_call)
+    fp16_error = None
+    if args.device == "cuda":  # the newest path, never run on a GPU before: its failure costs its own figures only
+        try:
+            half = scorer("cuda", "fp16")
+            lists_seconds(half, lists[: args.lists_per_call], args.lists_per_call)
+            scorers["cuda_fp16"] = half
+        except Exception as e:  # whatever it is, the fp32 figures must still come back
+            fp16_error = f"{type(e).__name__}: {e}"
+            print("the fp16 scorer failed:", fp16_error, flush=True)
     seconds = time_interleaved(
-        {device: lambda s=scorer: lists_seconds(s, lists, args.lists_per_call) for device, scorer in scorers.items()},
+        {name: lambda s=each: lists_seconds(s, lists, args.lists_per_call) for name, each in scorers.items()},
         args.rounds,
     )
-    scored = {name: scored_lists(scorer, lists, args.lists_per_call) for name, scorer in scorers.items()}
+    scored = {name: scored_lists(each, lists, args.lists_per_call) for name, each in scorers.items()}
     # each GPU scorer against the CPU's (--device cpu: the CPU scorer against itself, the comparison run)
     agree = {name: parity(scored["cpu"], scored[name]) for name in scorers if name != "cpu" or args.device == "cpu"}
     print("parity with the CPU", json.dumps(agree), flush=True)
-    graph_time = {device: graph_share(scorer, lists, args.lists_per_call) for device, scorer in scorers.items()}
+    graph_time = {name: graph_share(each, lists, args.lists_per_call) for name, each in scorers.items()}
     print("graph time", json.dumps(graph_time), flush=True)
     ops = op_profile(measured, lists, args.lists_per_call)
     print("op profile", json.dumps(ops), flush=True)
+    # which provider ran each float16 node: one the CUDA provider lacks would run on the CPU, slowly but silently
+    fp16_ops = op_profile(scorers["cuda_fp16"], lists, args.lists_per_call) if "cuda_fp16" in scorers else None
 
     rows = args.beam * args.decoders
     ways = {"device_states": (measured, True), "host_states": (measured, False), "cpu": (cpu, False)}
@@ -263,8 +272,10 @@ def main(argv: list[str] | None = None) -> dict:
     extra = dict(
         device=args.device,
         providers={device: s.sessions["step"].get_providers() for device, s in scorers.items()},
-        precision={name: precision for name, (_, precision) in kinds.items()},
+        precision={name: each.precision for name, each in scorers.items()},
         parity=agree,
+        fp16_error=fp16_error,
+        fp16_op_profile=fp16_ops,
         bundle=str(args.bundle),
         list=str(args.list),
         lists=len(lists),
