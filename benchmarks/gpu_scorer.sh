@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .gpu/ carried (benchmarks/gpu_carry.py made it; its docstring
 # says why in two calls): onnxruntime-gpu and the packages the machine lacks installed into $SITE, then the needs_gpu
-# scorer tests and benchmarks.gpu_scorer on the bundle and lists in .gpu/; results and logs go to $OUT. Extra arguments
-# go to gpu_scorer.py; VARIANT="ARGS" runs it once more with those arguments added, into $OUT/variant. Then (unless
+# scorer tests and benchmarks.gpu_scorer (the GPU in fp32 and fp16 against the CPU) on the bundle and lists in .gpu/;
+# results and logs go to $OUT. Extra arguments go to gpu_scorer.py; VARIANT="ARGS" runs it once more with those
+# arguments added, into $OUT/variant. Then (unless
 # SERVE=0) issue 32's beam steps against lm-serve with the neural LM on the GPU, and on the same machine's CPU:
 # benchmarks.beam_step_load --device cuda|cpu into $OUT/serve_cuda and $OUT/serve_cpu, walking the lists' first
 # hypotheses (the shared LibriSpeech references are not on that machine), no n-gram. A dry run on a CPU machine, with
