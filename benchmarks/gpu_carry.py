@@ -19,8 +19,9 @@ the tree and the second copies it back (as done for gpu_scorer.json, each call r
 
 Layout written (each a separate ``carry`` path): ``.gpu/prov`` (the provider, xz), ``.gpu/ort`` (the rest of the
 onnxruntime-gpu wheel, tar.xz), ``.gpu/whl`` and ``.gpu/whlA`` (wheels, split to balance the two carries). The bundle
-and lists are made apart: ``.gpu/bundle`` an ``lm-train export --weights int8`` (30 MiB for the English LM's shapes),
-``.gpu/lists/dev_other500.jsonl.gz`` the first 500 dev_other lists written by ``write_nbest(..., "jsonl")``.
+and lists are made apart: ``.gpu/bundle`` an ``lm-train export --weights int8`` (30 MiB for the English LM's shapes;
+configs/gpu_carry_bundle.toml says how it is trained), ``.gpu/lists/dev_other500.jsonl.gz`` the first 500 dev_other
+lists written by ``write_nbest(..., "jsonl")``.
 """
 
 from __future__ import annotations
