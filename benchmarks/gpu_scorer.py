@@ -65,10 +65,14 @@ BUNDLE = ROOT / "var" / "bundles" / "demo"
 MAX_UNKNOWN = 0.2
 
 
+def scored_lists(scorer: Scorer, lists: list[list[str]], per_call: int) -> list[list[SentenceScore]]:
+    """Every list's scores, ``per_call`` lists a ``score_nbest`` call."""
+    return [s for first in range(0, len(lists), per_call) for s in scorer.score_nbest(lists[first : first + per_call])]
+
+
 def lists_seconds(scorer: Scorer, lists: list[list[str]], per_call: int) -> float:
     start = time.perf_counter()
-    for first in range(0, len(lists), per_call):
-        scorer.score_nbest(lists[first : first + per_call])
+    scored_lists(scorer, lists, per_call)
     return time.perf_counter() - start
 
 
@@ -138,10 +142,6 @@ def op_profile(scorer: Scorer, lists: list[list[str]], per_call: int, top: int =
             for (g, op, p), d in ranked[:top]
         ],
     }
-
-
-def scored_lists(scorer: Scorer, lists: list[list[str]], per_call: int) -> list[list[SentenceScore]]:
-    return [s for first in range(0, len(lists), per_call) for s in scorer.score_nbest(lists[first : first + per_call])]
 
 
 def parity(want: list[list[SentenceScore]], got: list[list[SentenceScore]]) -> dict:

@@ -42,8 +42,9 @@ if [ "${SERVE:-1}" != 0 ]; then
     $PY -c "from lmserve.rescoring.nbest import read_nbest
 print('\n'.join(e.hypotheses[0].text for e in read_nbest('.gpu/lists/dev_other500.jsonl.gz')))" > /tmp/walk.txt
     for device in ${SERVE_DEVICES:-cuda cpu}; do
-        timeout "${SERVE_SECONDS:-150}" $PY -m benchmarks.beam_step_load --device "$device" --bundle "$PWD/.gpu/bundle" \
-            --texts /tmp/walk.txt --steps 50 --modes batched,stream --results "$OUT/serve_$device" 2>&1 \
-            | tee "$OUT/serve_$device.log" | grep -v '^ ' || echo "beam_step_load on $device failed or outlasted the limit"
+        timeout "${SERVE_SECONDS:-150}" $PY -m benchmarks.beam_step_load --device "$device" \
+            --bundle "$PWD/.gpu/bundle" --texts /tmp/walk.txt --steps 50 --modes batched,stream \
+            --results "$OUT/serve_$device" 2>&1 | tee "$OUT/serve_$device.log" | grep -v '^ ' \
+            || echo "beam_step_load on $device failed or outlasted the limit"
     done
 fi

@@ -2,8 +2,8 @@
 # On the GPU machine, from the repository root: the GPU tests of train.compile (faster steps against the eager one);
 # benchmarks/gpu_step.py with the captured step alone (a result in $OUT/cuda_graphs_only even if compiling outlasts
 # the lease), then with every new step (eager bf16 step against compile, cuda_graphs and compile_graphs on synthetic
-# batches of the LibriSpeech LM's shapes: $OUT/gpu_step.json), at most COMPILE_SECONDS; then the other needs_gpu training tests,
-# at most TEST_SECONDS. Results and logs go to $OUT. Extra arguments go to gpu_step.py (here, without a GPU:
+# batches of the LibriSpeech LM's shapes: $OUT/gpu_step.json), at most COMPILE_SECONDS; then the other needs_gpu
+# training tests, at most TEST_SECONDS. Results and logs go to $OUT. Extra arguments go to gpu_step.py (here, without a GPU:
 # OUT=/tmp/gpu_step bash benchmarks/gpu_step.sh --device cpu --tiny --steps 4 --rounds 1, which skips the GPU parts).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -5,8 +5,8 @@ Every call is counted by method and status code and timed; the tokens each call 
 model) show the real work behind a request count, and the words among them scored as <unk> show text in another form
 than the model's (a share near 1), which would otherwise pass unseen. Micro-batching (``server.batching``) reports
 how many calls wait and how many calls and tokens each batch merged, by kind of work; reloads are counted by outcome,
-with the generation of the model set served; the state cache reports its bytes and states and counts what it drops. The registry belongs
-to the server, not to the process, so two servers in one process (tests) keep separate numbers.
+with the generation of the model set served; the state cache reports its bytes and states and counts what it drops.
+The registry belongs to the server, not to the process, so two servers in one process (tests) keep separate numbers.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ class Metrics:
         )
         self.unknown = Counter(
             "lmserve_unknown_words_scored",
-            "Words scored as <unk>, outside the model's vocabulary as the server normalises them (a share of the tokens "
-            "scored near 1: text in another form than the model's, such as upper case for a lower-case model)",
+            "Words scored as <unk>, outside the model's vocabulary as the server normalises them (a share of the "
+            "tokens scored near 1: text in another form than the model's, such as upper case for a lower-case model)",
             ["method", "model"],
             registry=self.registry,
         )

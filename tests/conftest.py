@@ -113,7 +113,8 @@ def write_splits(root: Path, sentences=make_sentences) -> dict[str, Path]:
 
 
 def fit_and_export(root: Path, name: str, config_text: str, overrides: list[str] = ()) -> tuple[Path, Path]:
-    """``lm-train fit`` of ``config_text`` into ``root/name``, then ``export`` to ``root/name.bundle``: (run, bundle)."""
+    """``lm-train fit`` of ``config_text`` into ``root/name``, then ``export`` to ``root/name.bundle``: (run,
+    bundle)."""
     from lmserve.training.cli import main
 
     config = root / f"{name}.toml"

@@ -1,9 +1,9 @@
 """Where the scorer runs (``Scorer(device=...)``, ``--device``, ``server.device``) and its IO-bound step.
 
-The CUDA scorer's parity with the CPU scorer (and its fp16 sessions' bound) needs an NVIDIA GPU and onnxruntime-gpu (``needs_gpu``: skipped, with
-the reason, where either is missing); the rest runs on the CPU: the error for a CUDA device that this onnxruntime
-cannot give (the CPU build is the one installed here, so the error path is the real one), and the IO-bound step's
-exact agreement with a plain ``session.run``.
+The CUDA scorer's parity with the CPU scorer (and its fp16 sessions' bound) needs an NVIDIA GPU and onnxruntime-gpu
+(``needs_gpu``: skipped, with the reason, where either is missing); the rest runs on the CPU: the error for a CUDA
+device that this onnxruntime cannot give (the CPU build is the one installed here, so the error path is the real
+one), and the IO-bound step's exact agreement with a plain ``session.run``.
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ references, the features the weights use, and that every output can be written. 
 all (``rescoring.atomic``).
 
 With ``--server HOST:PORT`` (and ``--server-model NAME``) both take their LM scores from a running ``lm-serve``
-instead of loading models: ``rescoring.commands.remote`` (over the lm-serve client, ``rescoring.client``) is imported only
-then, so the engine never needs gRPC, and ``rescoring`` never imports ``server`` (DESIGN.md). ``nbest`` takes a
-fleet, ``--server A,B,…`` with ``--concurrency C``: whole lists as ``RescoreNBest`` calls (``rescoring.commands.fleet``).
+instead of loading models: ``rescoring.commands.remote`` (over the lm-serve client, ``rescoring.client``) is
+imported only then, so the engine never needs gRPC, and ``rescoring`` never imports ``server`` (DESIGN.md). ``nbest``
+takes a fleet, ``--server A,B,…`` with ``--concurrency C``: whole lists as ``RescoreNBest`` calls
+(``rescoring.commands.fleet``).
 
 ``nbest --shard K/N`` rescores the K-th of N ranges of the list and ``merge`` joins the shards' outputs and reports
 into exactly one run's; ``tune --shard K/N`` computes the LM scores of one range into a score cache, ``merge
