@@ -207,22 +207,26 @@ def prefetched(items: Iterable, depth: int, pin: bool) -> Iterator:
     done = object()
     stop = threading.Event()
 
+    def hand(item) -> bool:
+        """Queue ``item`` unless the consumer has stopped (it would never take it): False then."""
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def fill():
         try:
             for item in items:
                 if pin:
                     item = [b.pin_memory() for b in item]
-                while not stop.is_set():
-                    try:
-                        ready.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not hand(item):
                     return
-            ready.put(done)
+            hand(done)
         except BaseException as e:  # handed to the consumer, raised there
-            ready.put(e)
+            hand(e)
 
     thread = threading.Thread(target=fill, daemon=True)
     thread.start()
