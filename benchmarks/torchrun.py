@@ -22,12 +22,12 @@ def lm_train_fit(config: Path, run: Path, *sets: str, launcher: list[str] = (), 
     return [*TORCHRUN, *(launcher or ["--standalone"]), f"--nproc-per-node={nproc}", *fit, "--auto-resume"]
 
 
-def run_fit(command: list[str], run: Path, log_name: str = "") -> dict:
-    """Run a fit command line to the end (its output in RUN.log, or LOG_NAME.log beside RUN) and return the run's
-    results.json."""
+def run_fit(command: list[str], run: Path, log_name: str = "", env: dict | None = None) -> dict:
+    """Run a fit command line to the end (its output in RUN.log, or LOG_NAME.log beside RUN; ``env``: its
+    environment, default this one's) and return the run's results.json."""
     run.parent.mkdir(parents=True, exist_ok=True)
     with (run.parent / f"{log_name or run.name}.log").open("w") as log:
-        subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True, env=env)
     return json.loads((run / "results.json").read_text())
 
 

@@ -51,11 +51,36 @@ def fit(config: Path, run: Path, *sets: str) -> dict:
     return run_fit(lm_train_fit(config, run, *sets), run)
 
 
-def torchrun(config: Path, run: Path, *launcher: str, nproc: int = 2, wait: bool = True):
+def torchrun(config: Path, run: Path, *launcher: str, nproc: int = 2, wait: bool = True, env: dict | None = None):
     command = lm_train_fit(config, run, launcher=list(launcher), nproc=nproc)
     if wait:
-        return run_fit(command, run)
+        return run_fit(command, run, env=env)
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+# Loaded by every Python process of a run (as sitecustomize): at exit, each worker writes the names of its threads
+EXIT_THREADS = """
+import atexit, os
+
+def write_threads():
+    tasks = os.listdir("/proc/self/task")
+    names = sorted(open(f"/proc/self/task/{task}/comm").read().strip() for task in tasks)
+    with open(os.path.join(os.environ["EXIT_THREADS_DIR"], "rank" + os.environ["RANK"]), "w") as f:
+        f.write("\\n".join(names))
+
+if "RANK" in os.environ:
+    atexit.register(write_threads)
+"""
+
+
+def threads_at_exit(tmp_path: Path) -> tuple[dict, Path]:
+    """The environment that makes each worker of a run write its threads at exit into the returned folder."""
+    hook, folder = tmp_path / "exit-hook", tmp_path / "exit-threads"
+    hook.mkdir()
+    folder.mkdir()
+    (hook / "sitecustomize.py").write_text(EXIT_THREADS)
+    pythonpath = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": pythonpath, "EXIT_THREADS_DIR": str(folder)}, folder
 
 
 def weights(run: Path) -> dict:
@@ -80,7 +105,11 @@ def max_relative_difference(a: dict, b: dict) -> float:
 def test_two_ranks_train_what_one_process_trains(tmp_path, corpus, mode, head, objective, accumulate):
     cfg = config(tmp_path, corpus, mode, head, objective={"type": objective, "samples": 20})
     single = fit(cfg, tmp_path / "one", f"train.accumulate={accumulate}")
-    ranks = torchrun(cfg, tmp_path / "two")
+    env, exit_threads = threads_at_exit(tmp_path)
+    ranks = torchrun(cfg, tmp_path / "two", env=env)
+    # gloo's threads joined before the interpreter exits: one left alive then can abort a finished run
+    threads = {f.name: f.read_text().split("\n") for f in exit_threads.iterdir()}
+    assert sorted(threads) == ["rank0", "rank1"] and all(len(names) == 1 for names in threads.values()), threads
     assert ranks["world_size"] == 2 and ranks["tokens_seen"] == single["tokens_seen"]
     assert max_relative_difference(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-5
     for split in ("valid", "test"):

@@ -13,6 +13,7 @@ all of them at the same step); validation sums are added up across ranks. Rank 0
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -58,6 +59,8 @@ class Distributed:
         return holder[0]
 
     def close(self) -> None:
+        """Leave the process group, joining its backend's threads; drop every DistributedDataParallel wrapper
+        first, since its reducer holds the group (and gloo's threads) alive past this call."""
         if self.active:
             dist.destroy_process_group()
 
@@ -77,6 +80,12 @@ def setup(device: torch.device) -> Distributed:
             device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # Imported before the group exists, not by DistributedDataParallel after: imported after, torch._dynamo keeps
+        # a reference to the default group that destroy_process_group cannot release (torch 2.13), so gloo's threads
+        # outlive close() into the interpreter's exit, where one that then needs the GIL aborts the process
+        # (pytorch/pytorch#179291; seen as "terminate called without an active exception" after a finished run)
+        importlib.import_module("torch._dynamo")  # not `import torch._dynamo`: that binds a local `torch`
+
         # The rendezvous store outlives a restart of the workers (torchrun --max-restarts), and the addresses the ranks
         # of a failed attempt published in it may be read by the next one ("connection refused"; pytorch/pytorch
         # #167288): each attempt keeps its keys under its own prefix.

@@ -9,6 +9,7 @@ crash, a ``kill -9`` or Ctrl-C continues as if nothing had happened.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import queue
@@ -507,6 +508,9 @@ class Trainer:
                         raise TrainingInterrupted(f"saved {path}; continue with: lm-train fit --resume {self.run_dir}")
             return self._finish()
         finally:
+            if isinstance(self.loss, nn.parallel.DistributedDataParallel):
+                self.loss = self.loss.module  # see Distributed.close
+                gc.collect()  # DDP's hooks refer back to it
             self.dist.close()
 
     def _train_epoch(self, stop: _StopFlag) -> str:
