@@ -80,8 +80,8 @@ def setup(device: torch.device) -> Distributed:
             device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        # Imported before the group exists, not by DistributedDataParallel after: imported after, torch._dynamo keeps
-        # a reference to the default group that destroy_process_group cannot release (torch 2.13), so gloo's threads
+        # Imported before the group exists, not by DistributedDataParallel after: once torch._dynamo is imported
+        # after it, destroy_process_group no longer frees the group (torch 2.13; held from C++), so gloo's threads
         # outlive close() into the interpreter's exit, where one that then needs the GIL aborts the process
         # (pytorch/pytorch#179291; seen as "terminate called without an active exception" after a finished run)
         importlib.import_module("torch._dynamo")  # not `import torch._dynamo`: that binds a local `torch`
