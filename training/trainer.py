@@ -9,7 +9,6 @@ crash, a ``kill -9`` or Ctrl-C continues as if nothing had happened.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import math
 import queue
@@ -510,7 +509,6 @@ class Trainer:
         finally:
             if isinstance(self.loss, nn.parallel.DistributedDataParallel):
                 self.loss = self.loss.module  # see Distributed.close
-                gc.collect()  # DDP's hooks refer back to it
             self.dist.close()
 
     def _train_epoch(self, stop: _StopFlag) -> str:
