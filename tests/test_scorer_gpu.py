@@ -26,6 +26,13 @@ from lmserve.server.models import ModelSet
 HAS_CUDA_PROVIDER = "CUDAExecutionProvider" in ort.get_available_providers()
 
 
+def needs_cuda_scorer(test):
+    """A GPU test of the scorer: skipped where no GPU is visible (``needs_gpu``) or where this onnxruntime lacks the
+    CUDA provider, saying how to get it."""
+    reason = f"onnxruntime {ort.__version__} has no CUDAExecutionProvider: pip install 'lmserve[gpu]'"
+    return pytest.mark.needs_gpu(pytest.mark.skipif(not HAS_CUDA_PROVIDER, reason=reason)(test))
+
+
 def step_inputs(scorer: Scorer, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Previous words, a state and 3 candidates per row, drawn from the vocabulary (never <s> as a candidate)."""
     rng = np.random.default_rng(seed)
@@ -110,13 +117,11 @@ def test_server_device_reaches_the_scorers(bundles, tmp_path):
     assert models.get("m").ref()[-1] == "cpu"  # what a scoring process loads its own copy with
 
 
-@pytest.mark.needs_gpu
+@needs_cuda_scorer
 @pytest.mark.parametrize("head", ["full", "adaptive"])
 def test_cuda_scorer_matches_the_cpu_scorer(bundles, head):
     """Sentences, n-best lists (read whole on the GPU, prefix-shared on the CPU) and decoder steps, with states kept
     on the GPU between steps: within 1e-4 of the CPU scorer."""
-    if not HAS_CUDA_PROVIDER:
-        pytest.skip(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider: pip install 'lmserve[gpu]'")
     bundle = bundles[(head, 0.0)][1]
     cpu, gpu = Scorer(bundle, threads=1), Scorer(bundle, threads=1, device="cuda")
     assert all(s.get_providers()[0] == "CUDAExecutionProvider" for s in gpu.sessions.values())
@@ -166,13 +171,11 @@ def test_gpu_benchmark_runs_on_the_cpu(bundles, tmp_path):
         main([*argv[:6], "--normalize", "librispeech", "--results", str(tmp_path / "upper")])  # W1 for w1
 
 
-@pytest.mark.needs_gpu
+@needs_cuda_scorer
 @pytest.mark.parametrize("head", ["full", "adaptive"])
 def test_fp16_cuda_scorer_is_within_its_bound_of_the_cpu_scorer(bundles, head):
     """``precision="fp16"``: float16 sessions on the GPU, float32 states and scores, every token score of sentences,
     n-best lists and decoder steps within the bound of tests/test_precision.py."""
-    if not HAS_CUDA_PROVIDER:
-        pytest.skip(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider: pip install 'lmserve[gpu]'")
     bundle = bundles[(head, 0.0)][1]
     cpu, half = Scorer(bundle, threads=1), Scorer(bundle, threads=1, device="cuda", precision="fp16")
     assert all(s.get_providers()[0] == "CUDAExecutionProvider" for s in half.sessions.values())
