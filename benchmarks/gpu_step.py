@@ -15,7 +15,9 @@ Every step kind trains the same batches from the same initial weights: once over
 the captures of every shape happen there, timed as ``first_pass_s``), then timed in turns with the others
 (benchmarks.common.time_interleaved) for tokens/s, and once more under torch.profiler for how busy the GPU was: the
 time at least one kernel ran (benchmarks.step_profile's ``busy_ms`` over its ``kernels``) over the unprofiled wall
-time of the same steps. ``bf16_tokens_per_s`` and ``gpu_busy`` are the fastest new step's.
+time of the same steps. ``bf16_tokens_per_s`` and ``gpu_busy`` are the fastest new step's. The batches are routed
+all at once, before the first pass; each new step's row says how many graphs it captured inside the timed rounds
+(``captures_timed``: 0 when the first pass met every shape, as training/fast_step.py's widening makes it).
 """
 
 from __future__ import annotations
@@ -120,10 +122,13 @@ def main() -> None:
             rows[mode] = {"first_pass_s": time.perf_counter() - start, "steps": len(steps), "tokens": tokens}
             runs[mode] = (trainer, steps)
             print(mode, rows[mode], flush=True)
+        captured = {mode: t.fast.captured for mode, (t, _) in runs.items() if t.fast is not None and t.fast.captures}
         seconds = time_interleaved(
             {mode: lambda t=t, s=s: run_steps(t, s) for mode, (t, s) in runs.items()}, args.rounds
         )
         for mode, (trainer, steps) in runs.items():
+            if mode in captured:  # a capture inside the timed rounds is time the graphs were meant to save
+                rows[mode]["captures_timed"] = trainer.fast.captured - captured[mode]
             rows[mode]["tokens_per_s"] = rows[mode]["tokens"] / seconds[mode]
             rows[mode]["step_ms"] = seconds[mode] * 1e3 / len(steps)
             rows[mode]["gpu_busy"] = profiled_busy_ms(trainer, steps) / (seconds[mode] * 1e3) if cuda else None

@@ -66,6 +66,49 @@ def test_routed_loss_is_the_eager_loss(tmp_path, write_config, mode, head):
         assert router.capacity and all(c > 0 for c in router.capacity.values())
 
 
+def test_a_widened_batch_has_the_loss_of_the_batch(tmp_path, write_config):
+    t = trainer(tmp_path, write_config, "run")
+    router = Router(t.model, t.cfg.train.batch_size, t.vocab.eos_id, t.train_batches.carries_state)
+    routed = router.route(next(iter(t.train_batches.batches())))
+    wider = routed.widened(tuple(c + 3 + i for i, c in enumerate(routed.tails)))
+    assert wider.tails == tuple(c + 3 + i for i, c in enumerate(routed.tails))
+    zeros = torch.zeros(2, routed.inputs.shape[1], 16)
+    nll = [float(routed_loss(t.model, b, zeros, zeros, torch.tensor(1.0))[1]) for b in (routed, wider)]
+    assert nll[1] == pytest.approx(nll[0], rel=1e-6)
+
+
+def routed_all_at_once(t: Trainer) -> list:
+    """The epoch's routed steps, routed before any is taken (as benchmarks/gpu_step.py takes them): a capacity that
+    grows on a later batch leaves the earlier batches of the same T narrower."""
+    steps = list(t.train_steps(0))
+    tails = {}
+    for (batch,) in steps:
+        tails.setdefault(batch.inputs.shape[0], set()).add(batch.tails)
+    assert any(len(seen) > 1 for seen in tails.values())  # the case at hand: some T comes in two shapes
+    return steps
+
+
+def test_the_step_widens_each_batch_to_the_widest_shape_of_its_length(tmp_path, write_config):
+    t = trainer(tmp_path, write_config, "run", compile="compile")
+    seen = []
+
+    def recorded(model, batch, *args):
+        seen.append(batch.tails)
+        return routed_loss(model, batch, *args)
+
+    t.fast.loss = recorded  # the routed loss uncompiled: only the shapes the step gives it are at issue
+    steps = routed_all_at_once(t)
+    for _ in range(2):
+        for micro in steps:
+            t.step(micro, [None], False)
+    first, second = seen[: len(steps)], seen[len(steps) :]
+    widest = {}
+    for (batch,), tails in zip(steps, first, strict=True):
+        widest[batch.inputs.shape[0]] = tails
+    # the second pass gives the loss one shape per T, the widest the first pass met: nothing new to capture
+    assert second == [widest[batch.inputs.shape[0]] for (batch,) in steps]
+
+
 def run_losses(t: Trainer, steps: int) -> list[float]:
     states, losses = [None], []
     for micro in itertools.islice(t.train_steps(0), steps):
@@ -98,3 +141,16 @@ def test_gpu_steps_train_as_the_eager_bf16_step(tmp_path, write_config, mode, co
     eager = run_losses(trainer(tmp_path, write_config, "eager", mode, **gpu), 12)
     fast = run_losses(trainer(tmp_path, write_config, "fast", mode, compile=compile_mode, **gpu), 12)
     assert fast == pytest.approx(eager, rel=GPU_RTOL)
+
+
+@pytest.mark.needs_gpu
+def test_a_second_pass_over_batches_routed_at_once_replays_without_capturing(tmp_path, write_config):
+    t = trainer(tmp_path, write_config, "fast", compile="cuda_graphs", device="cuda", precision="bf16")
+    steps = [[batch.pin_memory() for batch in micro] for micro in routed_all_at_once(t)]
+    for micro in steps:
+        t.step(micro, [None], False)
+    captured = t.fast.captured
+    assert 0 < captured < len(steps)
+    for micro in steps:
+        t.step(micro, [None], False)
+    assert t.fast.captured == captured
