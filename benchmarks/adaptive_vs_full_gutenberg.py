@@ -28,7 +28,7 @@ def interleaved_tokens_per_s(trainers: dict[str, Trainer], batches: int, rounds:
     def train_on_plan(trainer: Trainer):
         trainer.model.train()
         for batch in plan:
-            trainer.step(batch, None)
+            trainer.step([batch], [None], False)  # one micro-batch, no carried state, no stop
 
     seconds = time_interleaved({name: lambda t=t: train_on_plan(t) for name, t in trainers.items()}, rounds)
     return {name: tokens / s for name, s in seconds.items()}
