@@ -12,7 +12,7 @@ import torch
 from lmserve.training.cli import main
 from lmserve.training.config import ConfigError, load_config
 from lmserve.training.fast_step import Router, routed_loss
-from lmserve.training.trainer import Trainer
+from lmserve.training.trainer import StepLosses, Trainer
 
 # fp32 on the CPU: the routed step sums the same terms in another order over padded shapes
 CPU_RTOL = 1e-4
@@ -113,7 +113,7 @@ def run_losses(t: Trainer, steps: int) -> list[float]:
     states, losses = [None], []
     for micro in itertools.islice(t.train_steps(0), steps):
         nll, tokens, states = t.step(micro, states, False)
-        losses.append(nll / tokens)
+        losses.append(float(nll) / tokens)  # a faster step's NLL is a tensor on the device
     return losses
 
 
@@ -129,6 +129,28 @@ def test_a_compiled_run_trains_to_the_end(tmp_path, write_config):
     config = write_config("sentence", "adaptive", model={"dropout": 0.0}, train={"epochs": 1, "compile": "compile"})
     assert main(["fit", str(config), "--out", str(tmp_path / "run")]) == 0  # routed in the prefetch thread
     assert (tmp_path / "run" / "results.json").exists()
+
+
+def test_step_losses_are_read_once_and_a_non_finite_sum_names_its_steps():
+    losses = StepLosses()
+    losses.add(torch.tensor(2.0), "epoch 1, batch 0")
+    losses.add(torch.tensor(3.0), "epoch 1, batch 1")
+    assert losses.read("epoch 1, batch 1") == 5.0
+    assert losses.read("epoch 1, batch 1") == 0.0  # from zero again
+    losses.add(torch.tensor(1.0), "epoch 1, batch 2")
+    losses.add(torch.tensor(float("nan")), "epoch 1, batch 3")
+    with pytest.raises(FloatingPointError, match="nan in the steps from epoch 1, batch 2 to epoch 1, batch 3"):
+        losses.read("epoch 1, batch 3")
+    with pytest.raises(FloatingPointError, match="inf at epoch 2, batch 7"):  # a float: at once
+        StepLosses().add(float("inf"), "epoch 2, batch 7")
+
+
+@pytest.mark.parametrize(("compile_mode", "where"), [("none", "at epoch 1, batch 0"), ("compile", "in the steps from")])
+def test_a_run_whose_loss_is_not_finite_stops_and_says_where(tmp_path, write_config, compile_mode, where):
+    t = trainer(tmp_path, write_config, "run", compile=compile_mode)
+    t.model.embedding.weight.data.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match=f"training loss is nan {where}"):
+        t.fit()
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,9 @@
 On a GPU the eager step of the 2x1024 LibriSpeech LM keeps the GPU busy only half the time: the CPU launches many
 small kernels, and the step waits for the GPU three times (the boolean mask that drops padding, the adaptive
 softmax's ``nonzero`` per tail cluster, the loss's ``.item()``), so the queue of kernels runs dry. A step that
-compiles or replays as a whole first needs shapes that are known before it runs and no waits inside it, so each batch
-is *routed* on the CPU, in the prefetch thread, into static shapes (:class:`Router`):
+compiles or replays as a whole first needs shapes that are known before it runs and no waits inside it or after it
+(its loss stays on the device, :class:`FastStep`), so each batch is *routed* on the CPU, in the prefetch thread, into
+static shapes (:class:`Router`):
 
 - every position of the ``[T, B]`` batch is scored and padding counts with weight 0 (no mask indexing);
 - in sentence mode T is rounded up to a multiple of :data:`STEP_T` and B padded to ``train.batch_size``: a run meets
@@ -94,6 +95,8 @@ class RoutedBatch:
     def widened(self, tails: tuple[int, ...]) -> RoutedBatch:
         """The same batch with each tail cluster's rows padded up to ``tails`` as the router pads them (position 0,
         weight 0): the same loss in the wider shape."""
+        if tails == self.tails:
+            return self
         k = len(self.tail_rows)
         rest = [
             torch.nn.functional.pad(t, (0, tails[i % k] - len(t)))
@@ -176,7 +179,9 @@ def routed_loss(model: LSTMLM, batch: RoutedBatch, h0: torch.Tensor, c0: torch.T
 
 class FastStep:
     """The step of ``train.compile = compile | cuda_graphs | compile_graphs`` on routed batches: ``(batch, state,
-    scale) -> (summed NLL, state to carry)``; the caller sets the learning rate in the optimizer's groups first."""
+    scale) -> (summed NLL, state to carry)``; the caller sets the learning rate in the optimizer's groups first. The
+    NLL is a tensor on the device, not read here: reading it would wait for the step to end, and the GPU would idle
+    while the CPU launched the next one (the trainer reads the sum once per log interval: ``StepLosses``)."""
 
     def __init__(self, mode: str, model: LSTMLM, optimizer: torch.optim.Optimizer, clip_norm: float, bf16: bool):
         self.mode, self.model, self.optimizer, self.clip_norm = mode, model, optimizer, clip_norm
@@ -248,7 +253,7 @@ class FastStep:
             nll, h, c = self.forward_backward_update(batch, h0, c0, grads_to_none=not self.captures)
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)
-        return nll.item(), (h.clone(), c.clone())  # a compiled step's outputs are overwritten by its next replay
+        return nll.clone(), (h.clone(), c.clone())  # a compiled step's outputs are overwritten by its next replay
 
 
 class _Graph:
@@ -298,4 +303,4 @@ class _Graph:
         self.step.scale.fill_(scale)
         self.lr.fill_(lr)
         self.graph.replay()
-        return self.nll.item(), (self.h.clone(), self.c.clone())
+        return self.nll.clone(), (self.h.clone(), self.c.clone())

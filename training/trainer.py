@@ -240,6 +240,31 @@ def prefetched(items: Iterable, depth: int, pin: bool) -> Iterator:
         thread.join()
 
 
+class StepLosses:
+    """The summed NLL of the steps since it was last read. The faster steps (training/fast_step.py) give their NLL as
+    a tensor the GPU may still be computing: reading each at once would make the CPU wait for every step to end before
+    it launches the next, and the GPU would idle between steps. Such NLLs are summed where they are and read once per
+    log interval; a non-finite sum names the steps it covers. The eager step's floats are checked as they come."""
+
+    def __init__(self):
+        self.total: float | torch.Tensor = 0.0
+        self.since = ""  # the first step in the sum
+
+    def add(self, nll: float | torch.Tensor, step: str) -> None:
+        if not isinstance(nll, torch.Tensor) and not math.isfinite(nll):
+            raise FloatingPointError(f"training loss is {nll} at {step}")
+        self.total = self.total + nll
+        self.since = self.since or step
+
+    def read(self, step: str) -> float:
+        """The sum (waiting for the steps in it to end), from zero again; ``step``: the last step in it."""
+        total, since = float(self.total), self.since
+        self.total, self.since = 0.0, ""
+        if not math.isfinite(total):
+            raise FloatingPointError(f"training loss is {total} in the steps from {since} to {step}")
+        return total
+
+
 class LossModule(nn.Module):
     """The model and its objective as one module: DistributedDataParallel then sees every parameter the loss uses
     (a head is called after the LSTM, outside the model's own forward)."""
@@ -528,7 +553,15 @@ class Trainer:
             leave=False,
             disable=not self.dist.is_main,
         )
-        window_nll, window_tokens, window_start = 0.0, 0, time.perf_counter()
+        losses, window_tokens, window_start = StepLosses(), 0, time.perf_counter()
+
+        def read_losses() -> float:  # the wait for the steps still running counts as training time
+            t0 = time.perf_counter()
+            nll = losses.read(f"epoch {epoch + 1}, batch {st['batch'] - 1}")
+            st["train_seconds"] += time.perf_counter() - t0
+            st["epoch_nll"] += nll
+            return nll
+
         outcome = "done"
         steps = self.train_steps(epoch, st["batch"])
         for micro in prefetched(steps, cfg.train.prefetch, pin=self.device.type == "cuda"):
@@ -539,16 +572,14 @@ class Trainer:
                 break
             nll, n, states = result
             st["train_seconds"] += time.perf_counter() - t0
-            if not math.isfinite(nll):
-                raise FloatingPointError(f"training loss is {nll} at epoch {epoch + 1}, batch {st['batch']}")
+            losses.add(nll, f"epoch {epoch + 1}, batch {st['batch']}")
             st["batch"] += 1
             st["tokens_seen"] += n
-            st["epoch_nll"] += nll
             st["epoch_tokens"] += n
-            window_nll += nll
             window_tokens += n
             bar.update()
             if st["batch"] % cfg.train.log_interval == 0 or st["batch"] == total:
+                window_nll = read_losses()
                 elapsed = time.perf_counter() - window_start
                 lr = self.optimizer.param_groups[0]["lr"]
                 record = dict(
@@ -566,17 +597,19 @@ class Trainer:
                     tok_s=f"{record['tokens_per_s']:.0f}",
                     lr=f"{lr:.3g}",
                 )
-                window_nll, window_tokens, window_start = 0.0, 0, time.perf_counter()
+                window_tokens, window_start = 0, time.perf_counter()
             if budget and st["tokens_seen"] >= budget:
                 outcome = "budget"
                 break
+        read_losses()  # the steps since the last log line
         bar.close()
         self.carried = self._gather_carried(states) if outcome == "interrupted" else None
         return outcome
 
     def step(self, micro: list[Batch], states: list, stop: bool):
         """One optimisation step over this rank's micro-batches; returns (summed NLL over all ranks, tokens over all
-        ranks, LSTM states to carry), or None when any rank was asked to stop (then no rank takes the step).
+        ranks, LSTM states to carry), or None when any rank was asked to stop (then no rank takes the step). The NLL
+        is a float, or with ``train.compile`` a tensor on the device, not yet waited for (:class:`StepLosses`).
 
         Every micro-batch's summed loss is divided by the *global* number of sequences (or tokens) of the step and
         multiplied by the world size, which DDP's gradient average divides out again: W ranks x K micro-batches then
