@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .gpu/ carried (benchmarks/gpu_carry.py made it; its docstring
-# says why in two calls): onnxruntime-gpu and the packages the machine lacks installed into $SITE, then the needs_gpu
-# scorer tests and benchmarks.gpu_scorer (the GPU in fp32 and fp16 against the CPU) on the bundle and lists in .gpu/;
-# results and logs go to $OUT. Extra arguments go to gpu_scorer.py; VARIANT="ARGS" runs it once more with those
-# arguments added, into $OUT/variant. Then (unless
-# SERVE=0) issue 32's beam steps against lm-serve with the neural LM on the GPU, and on the same machine's CPU:
-# benchmarks.beam_step_load --device cuda|cpu into $OUT/serve_cuda and $OUT/serve_cpu, walking the lists' first
-# hypotheses (the shared LibriSpeech references are not on that machine), no n-gram. A dry run on a CPU machine, with
-# .gpu/ made by gpu_carry.py: OUT=/tmp/o SERVE_DEVICES=cpu bash benchmarks/gpu_scorer.sh --device cpu --lists 20 ...
+# says why in two calls): onnxruntime-gpu and the packages the machine lacks installed into $SITE, then, in this order
+# (a lease that runs out cuts what comes last): benchmarks.gpu_scorer (the GPU in fp32 and fp16 against the CPU) on
+# the bundle and lists in .gpu/; the needs_gpu scorer tests; with VARIANT="ARGS", gpu_scorer once more with those
+# arguments added, into $OUT/variant; then (unless SERVE=0) issue 32's beam steps against lm-serve with the neural LM
+# on the GPU and on the same machine's CPU: benchmarks.beam_step_load --device cuda|cpu into $OUT/serve_cuda and
+# $OUT/serve_cpu, walking the lists' first hypotheses (the shared LibriSpeech references are not on that machine), no
+# n-gram. Results and logs go to $OUT; extra arguments go to gpu_scorer.py. A dry run on a CPU machine, with .gpu/
+# made by gpu_carry.py: OUT=/tmp/o SERVE_DEVICES=cpu bash benchmarks/gpu_scorer.sh --device cpu --lists 20 ...
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
@@ -28,11 +28,11 @@ print(':'.join(sorted({os.path.dirname(p) for d in site.getsitepackages()
 export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 $PY -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
-timeout "${TEST_SECONDS:-200}" $PY -m pytest -m needs_gpu tests/test_scorer_gpu.py -q -p no:cacheprovider \
-    > "$OUT/tests_scorer.log" 2>&1 || echo "GPU scorer tests failed (see tests_scorer.log); the benchmark runs anyway"
-tail -3 "$OUT/tests_scorer.log"
 $PY -m benchmarks.gpu_scorer --bundle .gpu/bundle --list .gpu/lists/dev_other500.jsonl.gz --results "$OUT" "$@" 2>&1 \
     | tee "$OUT/gpu_scorer.log" || echo "gpu_scorer failed (see gpu_scorer.log); the rest runs anyway"
+timeout "${TEST_SECONDS:-200}" $PY -m pytest -m needs_gpu tests/test_scorer_gpu.py -q -p no:cacheprovider \
+    > "$OUT/tests_scorer.log" 2>&1 || echo "GPU scorer tests failed (see tests_scorer.log)"
+tail -3 "$OUT/tests_scorer.log"
 if [ -n "${VARIANT:-}" ]; then
     # shellcheck disable=SC2086  # VARIANT holds several arguments
     $PY -m benchmarks.gpu_scorer --bundle .gpu/bundle --list .gpu/lists/dev_other500.jsonl.gz \
