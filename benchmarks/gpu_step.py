@@ -15,7 +15,7 @@ Every step kind trains the same batches from the same initial weights: once over
 the captures of every shape happen there, timed as ``first_pass_s``), then timed in turns with the others
 (benchmarks.common.time_interleaved) for tokens/s, and once more under torch.profiler for how busy the GPU was: the
 time at least one kernel ran (benchmarks.step_profile's ``busy_ms`` over its ``kernels``) over the unprofiled wall
-time of the same steps. ``bf16_tokens_per_s`` and ``gpu_busy`` are the fastest new step's. The batches are routed
+time of the same steps, with each row's kernel time per step and its top kernels. ``bf16_tokens_per_s`` and ``gpu_busy`` are the fastest new step's. The batches are routed
 all at once, before the first pass; each new step's row says how many graphs it captured inside the timed rounds
 (``captures_timed``: 0 when the first pass met every shape, as training/fast_step.py's widening makes it).
 """
@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import common
 from benchmarks.common import ROOT, time_interleaved, write_result
-from benchmarks.step_profile import busy_ms, kernels, run_steps
+from benchmarks.step_profile import busy_ms, kernels, run_steps, top_kernels
 from lmserve.training.config import load_config
 from lmserve.training.trainer import Trainer
 
@@ -64,10 +64,18 @@ def synthetic_text(path: Path, sentences: int, vocab: int, max_len: int, seed: i
     return path
 
 
-def profiled_busy_ms(trainer: Trainer, steps: list) -> float:
+def gpu_profile(trainer: Trainer, steps: list, seconds: float) -> dict:
+    """The steps once more under torch.profiler, against ``seconds`` of them unprofiled: how busy the GPU was, its
+    kernel time per step and the kernels that took most of it (the profile after, beside the eager step's before)."""
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run_steps(trainer, steps)
-    return busy_ms([(e.time_range.start, e.time_range.end) for e in kernels(prof.events())])
+    spans = [(e.time_range.start, e.time_range.end) for e in kernels(prof.events())]
+    kernel_ms = sum(end - start for start, end in spans) / 1e3
+    return {
+        "gpu_busy": busy_ms(spans) / (seconds * 1e3),
+        "kernel_ms_per_step": kernel_ms / len(steps),
+        "top_kernels": top_kernels(prof.key_averages(), kernel_ms) if kernel_ms else {},
+    }
 
 
 def main() -> None:
@@ -131,7 +139,7 @@ def main() -> None:
                 rows[mode]["captures_timed"] = trainer.fast.captured - captured[mode]
             rows[mode]["tokens_per_s"] = rows[mode]["tokens"] / seconds[mode]
             rows[mode]["step_ms"] = seconds[mode] * 1e3 / len(steps)
-            rows[mode]["gpu_busy"] = profiled_busy_ms(trainer, steps) / (seconds[mode] * 1e3) if cuda else None
+            rows[mode] |= gpu_profile(trainer, steps, seconds[mode]) if cuda else {"gpu_busy": None}
             print(mode, rows[mode], flush=True)
     if len(runs) == 1:
         parser.exit(1, f"every new step failed: {failed}\n")

@@ -113,6 +113,13 @@ def kernels(events) -> list:
     return [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
 
 
+def top_kernels(averages, total_ms: float, n: int = 10) -> dict[str, float]:
+    """The ``n`` kernels that took most of the GPU's time in a profile's ``key_averages()``, each as a share of
+    ``total_ms``."""
+    top = sorted(kernels(averages), key=lambda e: -e.self_device_time_total)[:n]
+    return {e.key[:120]: e.self_device_time_total / 1e3 / total_ms for e in top}
+
+
 def busy_ms(spans: list[tuple[float, float]]) -> float:
     """Milliseconds in which at least one of these (start, end) microsecond spans ran: their union's length."""
     busy, covered_to = 0.0, float("-inf")
@@ -135,11 +142,10 @@ def profile_steps(trainer: Trainer, steps: list) -> dict:
     result = {name: t / total for name, t in ms.items()} | {"profiled_ms_per_step": total / len(steps)}
     if cuda:
         busy = busy_ms([(e.time_range.start, e.time_range.end) for e in kernels(prof.events())])
-        top = sorted(kernels(events), key=lambda e: -e.self_device_time_total)[:10]
         result |= {
             "gpu_busy_ms_per_step": busy / len(steps),
             "kernel_overlap": total / busy,
-            "top_kernels": {e.key[:120]: e.self_device_time_total / 1e3 / total for e in top},
+            "top_kernels": top_kernels(events, total),
         }
     return result
 
