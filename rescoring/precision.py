@@ -14,7 +14,7 @@ each graph as a scorer loads it (:func:`half_graph`). Everything becomes float16
   float16 (up to 0.004 nats for a logit between 8 and 16) on top of what the LSTM's float16 arithmetic adds.
 
 The price is a bound instead of parity, which only a GPU measures: ``benchmarks/gpu_scorer.py``'s
-``fp16_token_max_abs_diff`` (tests/test_scorer_gpu.py holds the tiny test models to 0.05 nats a token). The CPU shows
+``fp16_token_max_abs_diff``, held to :data:`TOKEN_BOUND` (tests/test_scorer_gpu.py, the benchmark). The CPU shows
 the part that comes from float16 weights (``benchmarks/fp16_rounding.py``: its provider widens every float16 node and
 drops the round trips it can). On the CPU fp16 is refused: there it is float32 between casts, slower.
 """
@@ -27,6 +27,10 @@ from pathlib import Path
 import onnxruntime as ort
 
 PRECISIONS = ("fp32", "fp16")
+# How far a token's score may be from the CPU scorer's float32 one, in nats, for each precision on a GPU: float32 (TF32
+# off) is parity; float16's is the stated bound (the tiny test models' worst case; the English LM's shapes with
+# float16 weights on the CPU: 0.012, benchmarks/fp16_rounding.py)
+TOKEN_BOUND = {"fp32": 1e-4, "fp16": 0.05}
 FLOAT32_OPS = ["LogSoftmax"]
 ONNX_FIX = "pip install 'lmserve[gpu]' (it brings onnx, which converts the graphs)"
 

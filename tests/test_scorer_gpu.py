@@ -14,10 +14,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from conftest import make_sentences
-from test_precision import TOKEN_BOUND
 
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
+from lmserve.rescoring.precision import TOKEN_BOUND
 from lmserve.rescoring.scorer import BOS, DeviceError, Scorer
 from lmserve.server.cli import main as serve_main
 from lmserve.server.config import ConfigError, load_config
@@ -127,22 +127,24 @@ def test_cuda_scorer_matches_the_cpu_scorer(bundles, head):
     assert all(s.get_providers()[0] == "CUDAExecutionProvider" for s in gpu.sessions.values())
     sentences = make_sentences(40, seed=7)
     for want, got in zip(cpu.score(sentences), gpu.score(sentences), strict=True):
-        np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, atol=1e-4)
+        np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, atol=TOKEN_BOUND["fp32"])
     lists = [sentences[i : i + 10] for i in range(0, 40, 10)]
     for want_list, got_list in zip(cpu.score_nbest(lists), gpu.score_nbest(lists), strict=True):
         for want, got in zip(want_list, got_list, strict=True):
-            np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, atol=1e-4)
+            np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, atol=TOKEN_BOUND["fp32"])
 
     prev, h, c, candidates = step_inputs(cpu, 32, seed=1)
-    np.testing.assert_allclose(gpu.next_word_scores(prev, h, c)[0], cpu.next_word_scores(prev, h, c)[0], atol=1e-4)
+    np.testing.assert_allclose(
+        gpu.next_word_scores(prev, h, c)[0], cpu.next_word_scores(prev, h, c)[0], atol=TOKEN_BOUND["fp32"]
+    )
     gpu_h, gpu_c = h, c
     for _ in range(3):  # the GPU's states stay there; the CPU's come back as numpy
         want, h, c = cpu.next_word_scores(prev, h, c, candidates)
         got, gpu_h, gpu_c = gpu.next_word_scores(prev, gpu_h, gpu_c, candidates, device_states=True)
         assert gpu_h.device_name() == "cuda"
-        np.testing.assert_allclose(got, want, atol=1e-4)
+        np.testing.assert_allclose(got, want, atol=TOKEN_BOUND["fp32"])
         prev = candidates[:, 0]
-    np.testing.assert_allclose(gpu_h.numpy(), h, atol=1e-4)
+    np.testing.assert_allclose(gpu_h.numpy(), h, atol=1e-4)  # the states too
 
 
 def test_gpu_benchmark_runs_on_the_cpu(bundles, tmp_path):
@@ -185,12 +187,12 @@ def test_fp16_cuda_scorer_is_within_its_bound_of_the_cpu_scorer(bundles, head):
     for want_list, got_list in zip(cpu.score_nbest(lists), half.score_nbest(lists), strict=True):
         pairs += zip(want_list, got_list, strict=True)
     diff = max(np.abs(got.token_logprobs - want.token_logprobs).max() for want, got in pairs)
-    assert 0 < diff <= TOKEN_BOUND
+    assert 0 < diff <= TOKEN_BOUND["fp16"]
     prev, h, c, candidates = step_inputs(cpu, 32, seed=1)
     half_h, half_c = h, c
     for _ in range(3):
         want, h, c = cpu.next_word_scores(prev, h, c, candidates)
         got, half_h, half_c = half.next_word_scores(prev, half_h, half_c, candidates, device_states=True)
         assert got.dtype == np.float32 and half_h.data_type() == "tensor(float)"
-        np.testing.assert_allclose(got, want, atol=TOKEN_BOUND)
+        np.testing.assert_allclose(got, want, atol=TOKEN_BOUND["fp16"])
         prev = candidates[:, 0]
