@@ -260,8 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # the headline: the faster of the GPU's precisions whose scores are within that precision's stated bound of the
     # CPU's (rule set before any GPU had run fp16); each precision's own figure is kept beside it
-    held = [name for name in scorers if name != "cpu" or args.device == "cpu"]
-    held = [name for name in held if agree[name]["token_max_abs_diff"] <= TOKEN_BOUND[scorers[name].precision]]
+    held = [name for name in agree if agree[name]["token_max_abs_diff"] <= TOKEN_BOUND[scorers[name].precision]]
     headline = min(held, key=seconds.__getitem__, default=args.device)
     metrics = {
         "gpu_lists_per_s": len(lists) / seconds[headline],

@@ -70,8 +70,9 @@ def test_a_widened_batch_has_the_loss_of_the_batch(tmp_path, write_config):
     t = trainer(tmp_path, write_config, "run")
     router = Router(t.model, t.cfg.train.batch_size, t.vocab.eos_id, t.train_batches.carries_state)
     routed = router.route(next(iter(t.train_batches.batches())))
-    wider = routed.widened(tuple(c + 3 + i for i, c in enumerate(routed.tails)))
-    assert wider.tails == tuple(c + 3 + i for i, c in enumerate(routed.tails))
+    tails = tuple(c + 3 + i for i, c in enumerate(routed.tails))
+    wider = routed.widened(tails)
+    assert wider.tails == tails
     zeros = torch.zeros(2, routed.inputs.shape[1], 16)
     nll = [float(routed_loss(t.model, b, zeros, zeros, torch.tensor(1.0))[1]) for b in (routed, wider)]
     assert nll[1] == pytest.approx(nll[0], rel=1e-6)
@@ -167,6 +168,8 @@ def test_gpu_steps_train_as_the_eager_bf16_step(tmp_path, write_config, mode, co
 
 @pytest.mark.needs_gpu
 def test_a_second_pass_over_batches_routed_at_once_replays_without_capturing(tmp_path, write_config):
+    """cuda_graphs captures CUDA graphs, which exist on an NVIDIA GPU only (on the CPU the shapes the step gives its
+    loss are tested instead, above)."""
     t = trainer(tmp_path, write_config, "fast", compile="cuda_graphs", device="cuda", precision="bf16")
     steps = [[batch.pin_memory() for batch in micro] for micro in routed_all_at_once(t)]
     for micro in steps:
