@@ -17,7 +17,7 @@ benchmark, which needs no carry (a lease is 15 minutes, the machine's start incl
 
     carry .gpu/prov .gpu/whlA .gpu/lists:  mkdir -p /tmp/keep && cp -r .gpu/prov .gpu/whlA .gpu/lists /tmp/keep/ &&
                                            TEST_SECONDS=60 OUT=$OUT bash benchmarks/gpu_step.sh
-    carry .gpu/ort .gpu/whl .gpu/bundle:   cp -r /tmp/keep/* .gpu/ && VARIANT=--no-overlap OUT=$OUT \
+    carry .gpu/ort .gpu/whl .gpu/bundle:   cp -r /tmp/keep/* .gpu/ && VARIANT=--overlap OUT=$OUT \
                                            bash benchmarks/gpu_scorer.sh
 
 Layout written (each a separate ``carry`` path): ``.gpu/prov`` (the provider, xz), ``.gpu/ort`` (the rest of the

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-batch-tokens", type=int, default=0, help="of the --device scorer (0: its default)")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads of each scorer (0: all cores)")
     parser.add_argument(
-        "--no-overlap", action="store_true", help="the --device scorer reads the next part only after each run"
+        "--overlap", action="store_true", help="the --device scorers read the next part while a run goes (off: default)"
     )
     parser.add_argument("--decoders", type=int, default=16)
     parser.add_argument("--beam", type=int, default=32)
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
             device=device,
             normalizer=normalizer,
             max_batch_tokens=args.max_batch_tokens if device == args.device else 0,
-            overlap=False if args.no_overlap and device == args.device else None,
+            overlap=args.overlap and device == args.device,
             precision=precision,
         )
 

@@ -75,9 +75,26 @@ def half_graph(path: Path) -> bytes:
         model = onnx.load(str(folded))
     blocked = [*DEFAULT_OP_BLOCK_LIST, *FLOAT32_OPS]
     kept = from_the_normaliser_on(model)
-    return convert_float_to_float16(
-        model, keep_io_types=True, op_block_list=blocked, node_block_list=kept
-    ).SerializeToString()
+    half = convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked, node_block_list=kept)
+    return without_repeated_nodes(half).SerializeToString()
+
+
+def without_repeated_nodes(model):
+    """``model`` with each node and value_info that repeats an earlier one exactly left out.
+
+    onnxruntime 1.31's converter (in the newest onnxruntime-gpu, 1.31.1) widens a float16 tensor that two float32
+    nodes read with two identical Cast nodes, same name and same output, which onnxruntime then refuses to load ("two
+    nodes with same node name"); its 1.32 shares one Cast. Found on an H100 (docs/benchmarks/scorer.md). A repeat
+    computes what the first did, so leaving it out changes nothing."""
+    for field, key in ((model.graph.node, lambda n: n.SerializeToString()), (model.graph.value_info, lambda v: v.name)):
+        seen, repeats = set(), []
+        for i, item in enumerate(field):
+            if key(item) in seen:
+                repeats.append(i)
+            seen.add(key(item))
+        for i in reversed(repeats):
+            del field[i]
+    return model
 
 
 def from_the_normaliser_on(model) -> list[str]:

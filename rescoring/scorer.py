@@ -152,19 +152,19 @@ class Scorer:
         max_batch_tokens: int = 0,
         normalizer: TextNormalizer | None = None,
         open_vocab: bool = False,
-        overlap: bool | None = None,
+        overlap: bool = False,
         precision: str = "fp32",
     ):
         """``normalizer`` turns text into the tokens the model was trained on; by default the bundle's own ``text``
         settings (what its training text looked like). Pass one (e.g. ``PRESETS["ptb"]``) to score text from
         another source, such as ASR hypotheses for a PTB model. ``open_vocab``: score unknown words from their
         spelling (a bundle with ``spelling`` only). ``device``: "cpu" or "cuda" (module docstring). ``overlap``:
-        :meth:`score` reads the next sentences while the graph runs, by default off the CPU only (on the CPU the
-        graph's own threads take the cores that reading would use). ``precision``: "fp32", or "fp16" on "cuda"
-        (``rescoring.precision``)."""
+        :meth:`score` reads the next sentences while the graph runs; off by default, since it measured slower on both
+        devices (the smaller batches cost more than the reading it hides: docs/benchmarks/scorer.md).
+        ``precision``: "fp32", or "fp16" on "cuda" (``rescoring.precision``)."""
         self.device = check_device(device)
         self.precision = check_precision(precision, device)
-        self.overlap = device != "cpu" if overlap is None else overlap
+        self.overlap = overlap
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
         self.index = {token: i for i, token in enumerate(self.bundle.tokens)}  # tokens: words, or subword pieces

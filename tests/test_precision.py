@@ -17,7 +17,7 @@ from conftest import make_sentences, sentence_batch
 
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
-from lmserve.rescoring.precision import FLOAT32_OPS, TOKEN_BOUND, PrecisionError, half_graph
+from lmserve.rescoring.precision import FLOAT32_OPS, TOKEN_BOUND, PrecisionError, half_graph, without_repeated_nodes
 from lmserve.rescoring.scorer import Scorer
 from lmserve.server.config import ConfigError, load_config
 from lmserve.server.models import ModelSet
@@ -58,6 +58,31 @@ def test_the_half_graph_is_float16_inside_float32_outside_and_close(bundles, hea
     mask = np.arange(inputs.shape[1])[None, :] < lengths[:, None]
     diff = np.abs(got - want)[mask]
     assert 0 < diff.max() <= TOKEN_BOUND["fp16"]  # rounded (so converted), and close
+
+
+def test_a_cast_the_converter_repeats_is_left_out_and_the_graph_loads(bundles):
+    """onnxruntime 1.31's converter writes one Cast twice for a float16 tensor that two float32 nodes read (the
+    newest onnxruntime-gpu's; the one installed here shares it), so the repeat is made here as it wrote it."""
+    scorer = Scorer(bundles[("adaptive", 0.0)][1], threads=1)
+    half = half_graph(scorer.bundle.graph_path("sentences"))
+    model = onnx.load_from_string(half)
+    cast = next(n for n in model.graph.node if n.op_type == "Cast" and n.name.endswith("_cast_to_fp32_node"))
+    widened = next(v for v in model.graph.value_info if v.name == cast.output[0])
+    model.graph.node.add().CopyFrom(cast)
+    model.graph.value_info.add().CopyFrom(widened)
+    with pytest.raises(Exception, match="two nodes with same node name"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    nodes = len(model.graph.node)
+    fixed = without_repeated_nodes(model)
+    assert len(fixed.graph.node) == nodes - 1 and [n.name for n in fixed.graph.node].count(cast.name) == 1
+    assert [v.name for v in fixed.graph.value_info].count(widened.name) == 1
+    inputs, targets, lengths = sentence_batch(SENTENCES)
+    state = np.zeros((scorer.layers, len(SENTENCES), scorer.state_size), dtype=np.float32)
+    feed = {"input_ids": inputs, "target_ids": targets, "lengths": lengths, "h0": state, "c0": state}
+    got = ort.InferenceSession(fixed.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    want = ort.InferenceSession(half, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_array_equal(got, want)
 
 
 def test_fp16_off_the_gpu_and_unknown_precisions_are_refused_before_any_work(tmp_path, capsys):

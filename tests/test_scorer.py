@@ -65,7 +65,7 @@ def test_reading_while_the_graph_runs_changes_no_score_nor_order(bundles):
     sentences = [f"{s} w{k}" for k in range(40) for s in SENTENCES]
     want = Scorer(bundle, threads=1).score(sentences)
     scorer = Scorer(bundle, threads=1, overlap=True, max_batch_tokens=8)
-    assert Scorer(bundle, threads=1).overlap is False  # the CPU's default
+    assert Scorer(bundle, threads=1).overlap is False  # the default on every device
     got = scorer.score(sentences)
     assert [g.words for g in got] == [w.words for w in want] and [g.oov for g in got] == [w.oov for w in want]
     for g, w in zip(got, want, strict=True):
