@@ -12,12 +12,14 @@ with ``--python312``, gRPC's health and reflection, grpcio and protobuf as new a
 in another, with the bundle and lists benchmarks/gpu_scorer.sh measures.
 
 A call's tree replaces what an earlier call carried, warm machine or not, so the first call copies its carry out of
-the tree and the second copies it back, each call right after the last. The first call also runs the training step's
-benchmark, which needs no carry (a lease is 15 minutes, the machine's start included: timeout_s about 360 and 420):
+the tree and the second copies it back. A machine goes back 30 s after a call ends: make the second call at once. The
+first call also runs the training step's benchmark, which needs no carry (a lease is 15 minutes, the machine's start
+included: timeout_s about 360 and 420). The machine's git history is stale, so name the commit: C below is
+``git rev-parse --short HEAD`` here.
 
     carry .gpu/prov .gpu/whlA .gpu/lists:  mkdir -p /tmp/keep && cp -r .gpu/prov .gpu/whlA .gpu/lists /tmp/keep/ &&
-                                           TEST_SECONDS=60 OUT=$OUT bash benchmarks/gpu_step.sh
-    carry .gpu/ort .gpu/whl .gpu/bundle:   cp -r /tmp/keep/* .gpu/ && VARIANT=--overlap OUT=$OUT \
+                                           LMSERVE_COMMIT=C TEST_SECONDS=60 OUT=$OUT bash benchmarks/gpu_step.sh
+    carry .gpu/ort .gpu/whl .gpu/bundle:   cp -r /tmp/keep/* .gpu/ && LMSERVE_COMMIT=C OUT=$OUT \
                                            bash benchmarks/gpu_scorer.sh
 
 Layout written (each a separate ``carry`` path): ``.gpu/prov`` (the provider, xz), ``.gpu/ort`` (the rest of the

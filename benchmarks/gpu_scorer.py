@@ -189,9 +189,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-batch-tokens", type=int, default=0, help="of the --device scorer (0: its default)")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads of each scorer (0: all cores)")
-    parser.add_argument(
-        "--overlap", action="store_true", help="the --device scorers read the next part while a run goes (off: default)"
-    )
     parser.add_argument("--decoders", type=int, default=16)
     parser.add_argument("--beam", type=int, default=32)
     parser.add_argument("--steps", type=int, default=300, help="measured decoder steps per way")
@@ -209,7 +206,6 @@ def main(argv: list[str] | None = None) -> dict:
             device=device,
             normalizer=normalizer,
             max_batch_tokens=args.max_batch_tokens if device == args.device else 0,
-            overlap=args.overlap and device == args.device,
             precision=precision,
         )
 
@@ -296,7 +292,6 @@ def main(argv: list[str] | None = None) -> dict:
         max_batch_tokens={device: s.max_batch_tokens for device, s in scorers.items()},
         normalize=args.normalize or "the bundle's own",
         unknown_share=unknown,
-        overlap={device: s.overlap for device, s in scorers.items()},
         graph_time=graph_time,
         op_profile=ops,
         rounds=args.rounds,

@@ -37,11 +37,9 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -53,7 +51,6 @@ from lmserve.rescoring.textnorm import TextNormalizer
 
 LN10 = math.log(10)
 UNK, BOS, EOS = 0, 1, 2  # fixed ids of the bundle vocabulary
-OVERLAP_PARTS = 4  # ``Scorer.score`` with overlap: parts of a quarter of a batch, so that three in four overlap
 
 
 @dataclass
@@ -74,17 +71,6 @@ class SentenceScore:
     @property
     def token_log10probs(self) -> np.ndarray:
         return self.token_logprobs / LN10
-
-
-class _Launched(NamedTuple):
-    """One part of ``Scorer.score``: its sentences encoded, and the futures of their graph runs."""
-
-    encoded: list[tuple[list[str], list[int], int]]
-    spelled: list[int]  # per sentence, its words the open graph spells (0: none, read by ``sentences``)
-    batches: list[list[int]]  # the sentences of each ``sentences`` run
-    runs: list[Future]  # those runs' token scores
-    opened: list[int]  # the sentences read by ``sentences_open``
-    open_run: Future | None  # that run's scores
 
 
 @dataclass
@@ -152,19 +138,15 @@ class Scorer:
         max_batch_tokens: int = 0,
         normalizer: TextNormalizer | None = None,
         open_vocab: bool = False,
-        overlap: bool = False,
         precision: str = "fp32",
     ):
         """``normalizer`` turns text into the tokens the model was trained on; by default the bundle's own ``text``
         settings (what its training text looked like). Pass one (e.g. ``PRESETS["ptb"]``) to score text from
         another source, such as ASR hypotheses for a PTB model. ``open_vocab``: score unknown words from their
-        spelling (a bundle with ``spelling`` only). ``device``: "cpu" or "cuda" (module docstring). ``overlap``:
-        :meth:`score` reads the next sentences while the graph runs; off by default, since it measured slower on both
-        devices (the smaller batches cost more than the reading it hides: docs/benchmarks/scorer.md).
+        spelling (a bundle with ``spelling`` only). ``device``: "cpu" or "cuda" (module docstring).
         ``precision``: "fp32", or "fp16" on "cuda" (``rescoring.precision``)."""
         self.device = check_device(device)
         self.precision = check_precision(precision, device)
-        self.overlap = overlap
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
         self.index = {token: i for i, token in enumerate(self.bundle.tokens)}  # tokens: words, or subword pieces
@@ -292,48 +274,22 @@ class Scorer:
     # -- whole sentences ---------------------------------------------------------------------------------------
 
     def score(self, sentences: Sequence[str]) -> list[SentenceScore]:
-        """Each sentence's scores, in batches of similar length. With ``overlap`` the sentences go in parts of about
-        a quarter of a batch's tokens, and the graph runs one part's batches in a worker thread while this thread
-        reads the next part (onnxruntime lets go of the GIL while it runs): on a GPU this Python and the graph took
-        turns, each waiting for the other (docs/benchmarks/scorer.md, "The scorer on a GPU")."""
+        """Each sentence's scores, in batches of similar length."""
         memo: dict = {}
-        if not self.overlap:
-            return self._finish(self._launch(sentences, memo, _run_now))
-        results: list[SentenceScore] = []
-        part_tokens = max(256, self.max_batch_tokens // OVERLAP_PARTS)
-        with ThreadPoolExecutor(1, thread_name_prefix="lmserve-graph") as graph:
-            launched = None
-            for part in _parts(sentences, part_tokens):
-                previous, launched = launched, self._launch(part, memo, graph.submit)
-                if previous is not None:  # its runs were queued first: they ran while this part was read
-                    results.extend(self._finish(previous))
-            if launched is not None:
-                results.extend(self._finish(launched))
-        return results
-
-    def _launch(self, sentences: Sequence[str], memo: dict, submit: Callable[..., Future]) -> _Launched:
-        """Encode ``sentences`` and ``submit`` their graph runs; :meth:`_finish` collects them."""
         encoded = [self.encode(s, memo) for s in sentences]
+        results: list[SentenceScore | None] = [None] * len(sentences)
         spelled = self._spelled(encoded)
         plain = [i for i in range(len(encoded)) if not spelled[i]]
-        batches = [[plain[m] for m in members] for members in self.plan_batches([encoded[i][1] for i in plain])]
-        runs = [submit(self.score_ids, [encoded[i][1] for i in members]) for members in batches]
-        opened = [i for i in range(len(encoded)) if spelled[i]]
-        open_run = submit(self.score_spelled, [encoded[i] for i in opened]) if opened else None
-        return _Launched(encoded, spelled, batches, runs, opened, open_run)
-
-    def _finish(self, launched: _Launched) -> list[SentenceScore]:
-        encoded, spelled = launched.encoded, launched.spelled
-        results: list[SentenceScore | None] = [None] * len(encoded)
-        for members, run in zip(launched.batches, launched.runs, strict=True):
-            scores = run.result()
+        for members in self.plan_batches([encoded[i][1] for i in plain]):
+            members = [plain[m] for m in members]
+            scores = self.score_ids([encoded[i][1] for i in members])
             for row, i in enumerate(members):
                 words, ids, oov = encoded[i]
                 results[i] = SentenceScore(words, self.word_scores(words, scores[row, : len(ids) + 1].copy()), oov)
-        if launched.open_run is not None:
-            for i, scores in zip(launched.opened, launched.open_run.result(), strict=True):
-                words, _, oov = encoded[i]
-                results[i] = SentenceScore(words, scores, oov, spelled[i])
+        opened = [i for i in range(len(encoded)) if spelled[i]]
+        for i, scores in zip(opened, self.score_spelled([encoded[i] for i in opened]), strict=True):
+            words, _, oov = encoded[i]
+            results[i] = SentenceScore(words, scores, oov, spelled[i])
         return results
 
     def _spelled(self, encoded: Sequence[tuple[list[str], list[int], int]]) -> list[int]:
@@ -742,22 +698,3 @@ class _PrefixForest:
             paths[i] = path = previous_path[:shared] + list(new)
             previous, previous_path = ids, path
         return paths
-
-
-def _run_now(fn: Callable, *args) -> Future:
-    """``fn(*args)`` run here, as a done future: ``Scorer._launch`` without a worker thread."""
-    future: Future = Future()
-    future.set_result(fn(*args))
-    return future
-
-
-def _parts(sentences: Sequence[str], tokens: int) -> Iterator[Sequence[str]]:
-    """Consecutive slices of ``sentences`` of about ``tokens`` tokens each (words as written, and </s>)."""
-    start, total = 0, 0
-    for end, sentence in enumerate(sentences, 1):
-        total += len(sentence.split()) + 1
-        if total >= tokens:
-            yield sentences[start:end]
-            start, total = end, 0
-    if start < len(sentences):
-        yield sentences[start:]

@@ -58,21 +58,6 @@ def test_batching_does_not_change_scores(bundles):
         np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-5)
 
 
-def test_reading_while_the_graph_runs_changes_no_score_nor_order(bundles):
-    """``overlap``: parts of the sentences encoded while a worker thread runs the graph on the parts before; the
-    smallest batches make many parts, so that finished and running parts interleave."""
-    bundle = bundles[("adaptive", 0.0)][1]
-    sentences = [f"{s} w{k}" for k in range(40) for s in SENTENCES]
-    want = Scorer(bundle, threads=1).score(sentences)
-    scorer = Scorer(bundle, threads=1, overlap=True, max_batch_tokens=8)
-    assert Scorer(bundle, threads=1).overlap is False  # the default on every device
-    got = scorer.score(sentences)
-    assert [g.words for g in got] == [w.words for w in want] and [g.oov for g in got] == [w.oov for w in want]
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g.token_logprobs, w.token_logprobs)
-    assert scorer.score([]) == []
-
-
 @pytest.mark.parametrize(("head", "alpha"), BUNDLE_HEADS)
 @pytest.mark.parametrize("tails", [False, True], ids=["stepped", "tails"])
 def test_prefix_sharing_gives_the_scores_of_each_hypothesis_alone(bundles, head, alpha, tails):

@@ -168,7 +168,7 @@ def test_gpu_benchmark_runs_on_the_cpu(bundles, tmp_path):
     assert ops["graphs"]["step"]["runs"] > 0 and ops["providers"] == ["CPUExecutionProvider"]
     assert 0 < ops["node_ms"] <= ops["run_ms"] and {k["graph"] for k in ops["top"]} <= set(ops["graphs"])
     assert sum(k["share"] for k in ops["top"]) == pytest.approx(1) or len(ops["top"]) == 12
-    assert result["overlap"] == {"cpu": False} and result["unknown_share"] < 0.2
+    assert result["unknown_share"] < 0.2
     with pytest.raises(ValueError, match=r"100% of the words of 105 hypotheses are unknown to the neural LM"):
         main([*argv[:6], "--normalize", "librispeech", "--results", str(tmp_path / "upper")])  # W1 for w1
 
