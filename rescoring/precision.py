@@ -89,9 +89,10 @@ def without_repeated_nodes(model):
     for field, key in ((model.graph.node, lambda n: n.SerializeToString()), (model.graph.value_info, lambda v: v.name)):
         seen, repeats = set(), []
         for i, item in enumerate(field):
-            if key(item) in seen:
+            k = key(item)
+            if k in seen:
                 repeats.append(i)
-            seen.add(key(item))
+            seen.add(k)
         for i in reversed(repeats):
             del field[i]
     return model
