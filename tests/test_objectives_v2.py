@@ -107,17 +107,17 @@ def test_the_training_nll_estimate_can_skip_steps():
     """objective.nll_every: the strided estimate on every n-th step; the steps between count its value per token for
     their own tokens, without whole-vocabulary scores."""
     head, hidden, targets = linear_head(), torch.randn(N, D), torch.randint(0, V, (N,))
-    exact = F.cross_entropy(head.scores(hidden), targets, reduction="sum")
+    exact = F.cross_entropy(head.scores(hidden), targets, reduction="sum").item()
     objective = build_objective(ObjectiveConfig(type="target_sampling", samples=3, nll_stride=1, nll_every=3))
     calls = []
     original = head.target_terms
     head.target_terms = lambda *a: calls.append(1) or original(*a)
     nlls = [float(objective(head, hidden[: N - k], targets[: N - k]).nll) for k in range(4)]
     assert len(calls) == 2  # steps 1 and 4
-    assert nlls[0] == pytest.approx(float(exact), rel=1e-5)
+    assert nlls[0] == pytest.approx(exact, rel=1e-5)
     assert nlls[1:3] == pytest.approx([nlls[0] * (N - 1) / N, nlls[0] * (N - 2) / N], rel=1e-5)
-    want = F.cross_entropy(head.scores(hidden[: N - 3]), targets[: N - 3], reduction="sum")
-    assert nlls[3] == pytest.approx(float(want), rel=1e-5)
+    want = F.cross_entropy(head.scores(hidden[: N - 3]), targets[: N - 3], reduction="sum").item()
+    assert nlls[3] == pytest.approx(want, rel=1e-5)
     with pytest.raises(ValueError, match="objective.nll_every = 0"):
         build_objective(ObjectiveConfig(type="nce", nll_every=0))
 
