@@ -297,9 +297,9 @@ def main(argv: list[str] | None = None) -> dict:
         rounds=args.rounds,
         threads=args.threads,
         step={"decoders": args.decoders, "beam": args.beam, "rows": rows, "candidates": 1, "ways": steps},
-        note="gpu_lists_per_s is the faster GPU precision within its bound of the CPU's scores (gpu_precision); other "
-        "gpu_* and next_words_* are the --device scorer's in fp32 (named for the GPU it is meant for), cpu_* the CPU's, "
-        "fp16_* the GPU's in float16; *_abs_diff from the CPU's scores of the same lists",
+        note="gpu_lists_per_s is the faster GPU precision within its bound of the CPU's scores (gpu_precision); "
+        "other gpu_* and next_words_* are the --device scorer's in fp32 (named for the GPU it is meant for), cpu_* "
+        "the CPU's, fp16_* the GPU's in float16; *_abs_diff from the CPU's scores of the same lists",
     )
     write_result("gpu_scorer", metrics, **extra)
     print({k: round(v, 3) for k, v in metrics.items()})

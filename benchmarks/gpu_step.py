@@ -15,9 +15,10 @@ Every step kind trains the same batches from the same initial weights: once over
 the captures of every shape happen there, timed as ``first_pass_s``), then timed in turns with the others
 (benchmarks.common.time_interleaved) for tokens/s, and once more under torch.profiler for how busy the GPU was: the
 time at least one kernel ran (benchmarks.step_profile's ``busy_ms`` over its ``kernels``) over the unprofiled wall
-time of the same steps, with each row's kernel time per step and its top kernels. ``bf16_tokens_per_s`` and ``gpu_busy`` are the fastest new step's. The batches are routed
-all at once, before the first pass; each new step's row says how many graphs it captured inside the timed rounds
-(``captures_timed``: 0 when the first pass met every shape, as training/fast_step.py's widening makes it).
+time of the same steps, with each row's kernel time per step and its top kernels. ``bf16_tokens_per_s`` and
+``gpu_busy`` are the fastest new step's. The batches are routed all at once, before the first pass; each new step's
+row says how many graphs it captured inside the timed rounds (``captures_timed``: 0 when the first pass met every
+shape, as training/fast_step.py's widening makes it).
 """
 
 from __future__ import annotations

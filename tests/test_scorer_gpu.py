@@ -177,7 +177,7 @@ def test_gpu_benchmark_runs_on_the_cpu(bundles, tmp_path):
 @pytest.mark.parametrize("head", ["full", "adaptive"])
 def test_fp16_cuda_scorer_is_within_its_bound_of_the_cpu_scorer(bundles, head):
     """``precision="fp16"``: float16 sessions on the GPU, float32 states and scores, every token score of sentences,
-    n-best lists and decoder steps within the bound of tests/test_precision.py."""
+    n-best lists and decoder steps within fp16's ``TOKEN_BOUND`` (rescoring/precision.py)."""
     bundle = bundles[(head, 0.0)][1]
     cpu, half = Scorer(bundle, threads=1), Scorer(bundle, threads=1, device="cuda", precision="fp16")
     assert all(s.get_providers()[0] == "CUDAExecutionProvider" for s in half.sessions.values())
