@@ -56,6 +56,22 @@ def channel_credentials(
     return grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
 
 
+def channel_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, int | str]]:
+    """The options of every channel to ``lm-serve``: messages up to ``max_message_bytes`` each way, calls round-robin
+    over the target's addresses, and connections of the channel's own.
+
+    The last matters when a server restarts on its port: gRPC's default pool shares one connection per address among
+    all the channels of a process, and round-robin keeps reconnecting a dead one, with a backoff of up to two minutes.
+    A client made after the restart would take over that backoff and fail at once with UNAVAILABLE ("Connection
+    refused") while the server is up, as long as any older channel to the same address is still open."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.lb_policy_name", "round_robin"),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+
+
 class LMServeClient:
     def __init__(
         self,
@@ -73,11 +89,7 @@ class LMServeClient:
         ``cert`` and ``key`` imply (see :func:`channel_credentials`)."""
         self.target = target
         self.timeout = timeout
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.lb_policy_name", "round_robin"),
-        ]
+        options = channel_options(max_message_bytes)
         if tls or ca or cert or key:
             self.channel = grpc.secure_channel(target, channel_credentials(ca, cert, key), options=options)
         else:

@@ -12,12 +12,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 from conftest import ROOT, make_sentences
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from lmserve.rescoring.client import LMServeClient
@@ -155,6 +157,34 @@ def test_health_and_reflection(server, client):
         "grpc.reflection.v1alpha.ServerReflection",
     }
     assert described.file_descriptor_response.file_descriptor_proto  # grpcurl can describe the service
+
+
+def test_a_new_client_reaches_a_server_restarted_on_the_port_an_old_client_still_dials():
+    """An open client whose server went away keeps redialling its address (round-robin), with a growing backoff. A
+    client made once a server is back on that port must not share that connection and its backoff: with gRPC's
+    process-wide pool it failed at once with UNAVAILABLE, "Connection refused" (a CI failure, when a test's server
+    happened to get the port of an earlier one that a test still had a client for)."""
+
+    def health_server(port: int) -> tuple[grpc.Server, int]:
+        server = grpc.server(ThreadPoolExecutor(1))
+        health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+        bound = server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        return server, bound
+
+    first, port = health_server(0)
+    with LMServeClient(f"127.0.0.1:{port}", timeout=5) as old:
+        assert old.health() == "SERVING"
+        first.stop(None)
+        with pytest.raises(grpc.RpcError) as gone:
+            old.health()
+        assert gone.value.code() == grpc.StatusCode.UNAVAILABLE
+        second, _ = health_server(port)
+        try:
+            with LMServeClient(f"127.0.0.1:{port}", timeout=5) as new:
+                assert new.health() == "SERVING"
+        finally:
+            second.stop(None)
 
 
 def test_list_models_and_model_info(client, local):

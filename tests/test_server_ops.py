@@ -109,8 +109,10 @@ def test_reload_swaps_models_under_load_and_a_failed_one_keeps_them(bundles, tmp
     broken.mkdir()
     (broken / "manifest.json").write_text("{ not json")
     config = write_config(tmp_path / "serve.toml", old, server=f'engine = "{engine}"\n')
-    with ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server:
-        client = LMServeClient(server.address, timeout=60)
+    with (
+        ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server,
+        LMServeClient(server.address, timeout=60) as client,
+    ):
         first = client.model_info()
         scores = {"old": client.score_sentences(SENTENCES).sentences[0].neural.logprob}
         slow = client.stub.RescoreKBest.future(slow_request(), timeout=60)  # in flight across the reload
@@ -222,8 +224,10 @@ def test_scoring_processes_answer_like_threads_and_a_dead_one_is_replaced(bundle
 
 def test_sigterm_drains_the_calls_in_flight_and_refuses_new_ones(bundles, tmp_path):
     config = write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1])
-    with ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server:
-        client = LMServeClient(server.address, timeout=60)
+    with (
+        ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server,
+        LMServeClient(server.address, timeout=60) as client,
+    ):
         health = health_pb2_grpc.HealthStub(client.channel).Watch(health_pb2.HealthCheckRequest(service=""))
         assert next(health).status == health_pb2.HealthCheckResponse.SERVING
         calls = [client.stub.RescoreKBest.future(slow_request(seed), timeout=60) for seed in range(3)]
@@ -254,8 +258,10 @@ def test_calls_cut_short_when_the_grace_period_runs_out_leave_a_json_log(bundles
     to cancel, printed a bare CancelledError traceback into the log)."""
     config = write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1])
     config.write_text(config.read_text().replace("grace_seconds = 60.0", "grace_seconds = 0.2"))
-    with ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server:
-        client = LMServeClient(server.address, timeout=60)
+    with (
+        ServerProcess(config, tmp_path / "server.log", "--log-level", "debug") as server,
+        LMServeClient(server.address, timeout=60) as client,
+    ):
         calls = [client.stub.RescoreKBest.future(slow_request(seed), timeout=60) for seed in range(3)]
         server.wait_for(lambda r: r.get("message") == "call started" and r["method"] == "RescoreKBest", 30, count=3)
         server.send(signal.SIGTERM)

@@ -36,7 +36,7 @@ import grpc
 import numpy as np
 from tqdm import tqdm
 
-from lmserve.rescoring.client import channel_credentials, normalisation_name
+from lmserve.rescoring.client import channel_credentials, channel_options, normalisation_name
 from lmserve.rescoring.features import NEEDS_LM
 from lmserve.rescoring.lmscores import LMSums
 from lmserve.rescoring.nbest import NBestList
@@ -46,7 +46,6 @@ from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
 
 BACKOFF = (0.1, 5.0)  # seconds a target is put aside after UNAVAILABLE: the first time, at most (doubling)
 PROBE_SECONDS = 10.0  # GetModelInfo's own deadline
-MAX_MESSAGE_BYTES = 64 << 20
 _SAME_MODEL = ("name", "fingerprint", "ngram", "normalisation_settings_json")  # what every target must agree on
 
 
@@ -110,11 +109,9 @@ class Fleet:
         self.concurrency = concurrency
         self.deadline = deadline
         options = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            *channel_options(),  # round-robin: a target may resolve to several (dns:///a headless Service)
             ("grpc.initial_reconnect_backoff_ms", 100),  # a restarted replica is found again within a second or two
             ("grpc.max_reconnect_backoff_ms", 2000),
-            ("grpc.lb_policy_name", "round_robin"),  # a target that resolves to several (dns:///a headless Service)
         ]
         self.targets = []
         for address in self.addresses:
