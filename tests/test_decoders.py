@@ -263,8 +263,10 @@ def stop_at_call(lm: DecoderLM, call: int, action) -> None:
 
 
 def test_a_server_stopped_mid_decode_is_an_error_naming_its_address(root, bundle):
-    with ServerProcess(write_config(root, bundle, "stop.toml"), root / "stop.log") as server:
-        lm = DecoderLM.remote(server.address, "exact")
+    with (
+        ServerProcess(write_config(root, bundle, "stop.toml"), root / "stop.log") as server,
+        DecoderLM.remote(server.address, "exact") as lm,
+    ):
         decoder = build_ctcdecoder(LABELS, lm)
         stop_at_call(lm, 5, server.stop)
         with pytest.raises(LMServeError, match=f"lm-serve at {server.address}: UNAVAILABLE"):
@@ -272,8 +274,10 @@ def test_a_server_stopped_mid_decode_is_an_error_naming_its_address(root, bundle
 
 
 def test_a_server_stopped_mid_decode_falls_back_to_the_ngram_and_says_so_once(root, bundle, caplog):
-    with ServerProcess(write_config(root, bundle, "fallback.toml"), root / "fallback.log") as server:
-        lm = DecoderLM.remote(server.address, "exact", fallback_ngram=root / "train3.bin")
+    with (
+        ServerProcess(write_config(root, bundle, "fallback.toml"), root / "fallback.log") as server,
+        DecoderLM.remote(server.address, "exact", fallback_ngram=root / "train3.bin") as lm,
+    ):
         decoder = build_ctcdecoder(LABELS, lm, alpha=0.8, beta=0.5)
         stop_at_call(lm, 5, server.stop)
         with caplog.at_level(logging.WARNING, logger="lmserve.decoders"):
@@ -289,10 +293,13 @@ def test_a_server_stopped_mid_decode_falls_back_to_the_ngram_and_says_so_once(ro
 @pytest.mark.parametrize("changed", [False, True])
 def test_a_reload_mid_decode_keeps_the_states_or_refuses_them(root, bundle, bundles, changed):
     config = write_config(root, bundle, f"reload{changed}.toml")
-    with ServerProcess(config, root / f"reload{changed}.log") as server:
+    with (
+        ServerProcess(config, root / f"reload{changed}.log") as server,
+        DecoderLM.remote(server.address, "plain") as first,
+        DecoderLM.remote(server.address, "plain") as lm,
+    ):
         emissions = noisy(SENTENCES[2:3])[0]
-        expected = build_ctcdecoder(LABELS, DecoderLM.remote(server.address, "plain")).decode_beams(emissions)[0]
-        lm = DecoderLM.remote(server.address, "plain")
+        expected = build_ctcdecoder(LABELS, first).decode_beams(emissions)[0]
 
         def reload():
             if changed:
@@ -340,20 +347,20 @@ def fl_emissions(text: str, channel: Channel | None = None, seed: int = 0) -> np
 
 @pytest.mark.parametrize("where", ["local", "remote"])
 def test_flashlight_lexicon_decoder_with_our_lm(flashlight, local, server, engine, where):
-    lm = local if where == "local" else DecoderLM.remote(server.address, "plain")
-    words = [*WORDS, "<unk>"]
-    fl_lm = flashlight.LMServeFlashlightLM(lm, words)
-    lexicon = {w: [[*w, "|"]] for w in WORDS}
-    decoder = flashlight.lexicon_decoder(FL_TOKENS, lexicon, fl_lm, beam_size=16, lm_weight=0.5, word_score=0.5)
-    for text in SENTENCES:
-        (best,) = decoder.decode(fl_emissions(text))
-        assert " ".join(best.words) == text
-        assert best.lm_logprob == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
-        assert best.lm_score == pytest.approx(best.lm_logprob, abs=1e-3)  # flashlight's own sum agrees
-    # noisy emissions: the LM is asked once per (state, word), however often flashlight asks
-    asked = fl_lm.lm.pairs
-    decoder.decode(fl_emissions(SENTENCES[2], Channel(sub=0.2), seed=3))
-    assert fl_lm.lm.pairs - asked <= len(fl_lm.states)
+    remote = contextlib.nullcontext(local) if where == "local" else DecoderLM.remote(server.address, "plain")
+    with remote as lm:
+        fl_lm = flashlight.LMServeFlashlightLM(lm, [*WORDS, "<unk>"])
+        lexicon = {w: [[*w, "|"]] for w in WORDS}
+        decoder = flashlight.lexicon_decoder(FL_TOKENS, lexicon, fl_lm, beam_size=16, lm_weight=0.5, word_score=0.5)
+        for text in SENTENCES:
+            (best,) = decoder.decode(fl_emissions(text))
+            assert " ".join(best.words) == text
+            assert best.lm_logprob == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
+            assert best.lm_score == pytest.approx(best.lm_logprob, abs=1e-3)  # flashlight's own sum agrees
+        # noisy emissions: the LM is asked once per (state, word), however often flashlight asks
+        asked = fl_lm.lm.pairs
+        decoder.decode(fl_emissions(SENTENCES[2], Channel(sub=0.2), seed=3))
+        assert fl_lm.lm.pairs - asked <= len(fl_lm.states)
 
 
 def test_flashlight_with_subword_pieces_scores_whole_words(flashlight, local, engine):
