@@ -226,8 +226,6 @@ SAMPLED_OBJECTIVES = (
     "adaptive_importance_sampling",
 )
 LINEAR_HEADS = ("full", "slim", "charcnn", "dsoftmax", "cnnsoftmax")
-# heads whose output vectors are computed from the words' spellings: they can score a word outside the vocabulary
-SPELLING_HEADS = ("charcnn", "cnnsoftmax")
 
 _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),

@@ -86,9 +86,6 @@ class DSoftmax(LinearHead):
         )
         self.bias = nn.Parameter(torch.empty(vocab_size).uniform_(-bound, bound))
 
-    def segment(self, hidden: torch.Tensor, band: int) -> torch.Tensor:
-        return hidden[:, self.starts[band] : self.starts[band] + self.widths[band]]
-
     def bands(self) -> list[tuple[int, int, int, int]]:
         """(first id, end id, segment start, width) of each band."""
         return list(zip(self.bounds[:-1], self.bounds[1:], self.starts, self.widths, strict=True))
