@@ -43,7 +43,7 @@ from benchmarks import common
 from benchmarks.common import write_result
 from benchmarks.decoding import add_model_arguments, cpu_seconds, percentiles, serve_config, walk_inputs
 from lmserve.rescoring.client import next_words_batch_request
-from lmserve.rescoring.command import add_device_argument
+from lmserve.rescoring.scorer_args import add_device_argument
 from lmserve.server.process import ServerProcess
 from lmserve.v1 import lmserve_pb2 as pb
 from lmserve.v1.lmserve_pb2_grpc import LMServiceStub

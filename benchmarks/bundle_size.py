@@ -22,11 +22,11 @@ from pathlib import Path
 import onnx
 
 from benchmarks.common import DATA_DIR, ROOT, time_interleaved, write_result
-from lmserve.rescoring.bundle import Bundle
+from lmserve.core.bundle import Bundle
+from lmserve.core.textnorm import PRESETS
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.rescore import references_of
 from lmserve.rescoring.scorer import Scorer
-from lmserve.rescoring.textnorm import PRESETS
 
 STORAGES = ("fp32", "fp16", "int8")
 PPL_BOUND_PCT = 1.0

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.core.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import DATA_DIR, ROOT
-from lmserve.rescoring.bundle import Bundle
+from lmserve.core.bundle import Bundle
+from lmserve.core.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring.nbest import read_nbest
-from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
 
 BUNDLE = ROOT / "var" / "bundles" / "english_lm"
 NGRAM = ROOT / "var" / "ngrams" / "english_4gram.bin"

@@ -22,10 +22,10 @@ import onnxruntime as ort
 from benchmarks.common import ROOT, add_results_option, use_results, write_result
 from benchmarks.gpu_scorer import parity, scored_lists
 from benchmarks.serve_harness import DEV_OTHER
+from lmserve.core.textnorm import PRESETS
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.precision import half_graph
 from lmserve.rescoring.scorer import Scorer
-from lmserve.rescoring.textnorm import PRESETS
 
 
 def main(argv: list[str] | None = None) -> dict:

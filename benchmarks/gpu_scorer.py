@@ -55,12 +55,12 @@ import benchmarks.common as common
 from benchmarks.common import ROOT, time_interleaved, write_result
 from benchmarks.decoding import percentiles
 from benchmarks.serve_harness import DEV_OTHER
-from lmserve.rescoring.command import add_device_argument
+from lmserve.core.textnorm import PRESETS
 from lmserve.rescoring.nbest import NBestList, read_nbest
 from lmserve.rescoring.precision import TOKEN_BOUND
 from lmserve.rescoring.rescore import LanguageModels
 from lmserve.rescoring.scorer import BOS, Scorer, SentenceScore
-from lmserve.rescoring.textnorm import PRESETS
+from lmserve.rescoring.scorer_args import add_device_argument
 
 BUNDLE = ROOT / "var" / "bundles" / "demo"
 

@@ -15,7 +15,7 @@ Each is exported with exact (normalised) graphs (``lm-train export --exact``) an
 torch-free scorer twice: as always, every word outside the vocabulary as <unk> (``*_ppl_unk``: <unk>'s probability
 counts, as the other perplexity tables count it), and with ``open_vocab`` (``*_ppl_all_words``): each such word
 costs its own log-probability, the softmax over the vocabulary with the word in <unk>'s place, its output vector
-computed from its spelling (``rescoring.bundle``, ``sentences_open``). Perplexities are per word, ``</s>`` included;
+computed from its spelling (``core.bundle``, ``sentences_open``). Perplexities are per word, ``</s>`` included;
 ``*_ppl_known_words`` leaves the unknown words' positions out (the same for both, since only those positions
 change). The models are far from converged (a short budget): the figures compare the two ways of counting unknown
 words on one model, not models.
@@ -46,10 +46,10 @@ from benchmarks.output_layers_v2 import (
     tiny,
 )
 from benchmarks.train_run import fit_in_subprocess
+from lmserve.core.textnorm import PRESETS
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.rescore import references_of
 from lmserve.rescoring.scorer import Scorer
-from lmserve.rescoring.textnorm import PRESETS
 
 SETS = {
     "wsj_dev": {"list": DATA_DIR / "wsj-nbest" / "dev.json", "preset": "ptb", "model": "ptb"},

@@ -26,9 +26,9 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import DATA_DIR, ROOT, write_result
+from lmserve.core.textnorm import PRESETS
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.overlap import DEFAULT_N, WARN_SHARE, measure
-from lmserve.rescoring.textnorm import PRESETS
 
 
 def references(path: Path) -> tuple[list[str], list[str]]:

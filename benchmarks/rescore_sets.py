@@ -83,13 +83,13 @@ from benchmarks import common
 from benchmarks.common import DATA_DIR as DATA
 from benchmarks.common import ROOT, write_result
 from benchmarks.rescore_protocol import in_sample_ceiling, kfold, leakage, system_names, transfer, tuned_on
+from lmserve.core.textnorm import PRESETS
 from lmserve.rescoring.nbest import NBestList, read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup
-from lmserve.rescoring.textnorm import PRESETS
 from lmserve.rescoring.tune import fold_indices, parse_bounds
 
 MAX_WORDS = 1000  # zh-en segment 926 holds 248-word translations
-NORMALIZE = "librispeech"  # the hypotheses in the LMs' text form (rescoring.textnorm)
+NORMALIZE = "librispeech"  # the hypotheses in the LMs' text form (core.textnorm)
 # Each task's recipe and its ablations (LM alone, consensus alone, both): features and the one fixed at weight 1
 # (the scale), the same recipe for every set of a task, so that it can be judged on sets it was not made on. MT: the
 # system indicators are added inside a pair (their systems differ between pairs); consensus_chrf is the base where it

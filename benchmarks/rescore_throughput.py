@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.common import DATA_DIR, RESULTS, write_result
 from benchmarks.rescoring_models import GUTENBERG
-from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.core.atomic import atomic_write_text
 from lmserve.rescoring.lmscores import compute
 from lmserve.rescoring.nbest import read_nbest, write_nbest
 from lmserve.rescoring.rescore import report, reranked, setup_from_record

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import DATA_DIR, ROOT, ensure_bundle
-from lmserve.rescoring.bundle import Bundle
+from lmserve.core.bundle import Bundle
+from lmserve.core.textnorm import TextNormalizer
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.ngram import NgramLM, build_ngram
 from lmserve.rescoring.rescore import LanguageModels
 from lmserve.rescoring.scorer import Scorer
-from lmserve.rescoring.textnorm import TextNormalizer
 from lmserve.training.corpus import read_sentences
 
 LAMBDAS = tuple(round(x, 2) for x in np.arange(0.05, 1.0, 0.05))

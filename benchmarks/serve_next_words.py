@@ -22,7 +22,7 @@ import numpy as np
 
 from benchmarks.common import write_result
 from benchmarks.serve_harness import BUNDLE, DEV_OTHER, ServerSettings, start_server
-from lmserve.rescoring.bundle import Bundle
+from lmserve.core.bundle import Bundle
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.v1 import lmserve_pb2 as pb
 from lmserve.v1.lmserve_pb2_grpc import LMServiceStub

@@ -46,7 +46,7 @@ from benchmarks.serve_harness import (
     start_server,
 )
 from benchmarks.serve_next_words import sentences as decoder_walks
-from lmserve.rescoring.bundle import Bundle
+from lmserve.core.bundle import Bundle
 from lmserve.server.process import ServerProcess
 from lmserve.v1 import lmserve_pb2 as pb
 from lmserve.v1.lmserve_pb2_grpc import AdminStub, LMServiceStub

@@ -39,7 +39,7 @@ NORMALISATIONS = {
     "self-normalised": pb.NORMALISATION_SELF_NORMALISED,
     "unnormalised": pb.NORMALISATION_UNNORMALISED,
 }
-"""The bundle's measured labels (``rescoring.bundle``) as the wire enum."""
+"""The bundle's measured labels (``core.bundle``) as the wire enum."""
 
 
 def channel_credentials(

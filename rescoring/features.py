@@ -16,7 +16,7 @@ Names a weights file or a command line can use:
   stray ``.`` or ``..``: no reference of a spoken-word transcript has them, and the LMs cannot see them, since
   normalisation drops punctuation before scoring); ``src_ratio``, words over the words of the entry's source
   sentence (MT; ``NBestEntry.source``, an empty source counting as one word; a Chinese or Japanese character is a
-  source word of its own: ``rescoring.words.source_length``);
+  source word of its own: ``core.words.source_length``);
 - ``consensus_bleu``, ``consensus_chrf``, ``consensus_wer``: minimum-Bayes-risk agreement of each hypothesis with
   the others of its list, uniformly weighted (``rescoring.consensus``: sentence BLEU, chrF, 1 − WER);
   ``consensus_chrf@score`` weights the others by the first pass's posterior, the softmax of feature ``score`` over
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmserve.core.words import source_length
 from lmserve.rescoring import consensus
 from lmserve.rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, token_sums
 from lmserve.rescoring.nbest import NBestEntry, NBestList
-from lmserve.rescoring.words import source_length
 
 LM_FEATURES = ("neural", "ngram", "interp", "oov", "length")
 NEEDS_LM = LM_FEATURES[:4]

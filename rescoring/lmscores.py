@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from lmserve.rescoring.atomic import atomic_write_lines
+from lmserve.core.atomic import atomic_write_lines
+from lmserve.core.textnorm import TextNormalizer
 from lmserve.rescoring.nbest import NBestList
 from lmserve.rescoring.ngram import NgramLM
 from lmserve.rescoring.scorer import Scorer, SentenceScore
-from lmserve.rescoring.textnorm import TextNormalizer
 
 FORMAT = "lmserve-lmscores"
 FORMAT_VERSION = 2

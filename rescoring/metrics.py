@@ -2,7 +2,7 @@
 
 Thin over jiwer and sacrebleu, so numbers match what others get from the same libraries. Every report carries a
 ``signature`` (sacrebleu's for BLEU, an equivalent one for WER) so a figure can be reproduced. Text is scored as
-given, but for what separates words: any Unicode whitespace (``rescoring.words``, the LMs' definition; the signatures
+given, but for what separates words: any Unicode whitespace (``core.words``, the LMs' definition; the signatures
 say ``words:unicode-whitespace``), so jiwer and sacrebleu get each text's words joined by single spaces. WER uses no
 normalisation, BLEU sacrebleu's settings (13a by default).
 
@@ -24,7 +24,7 @@ import numpy as np
 import sacrebleu
 from sacrebleu.metrics import BLEU
 
-from lmserve.rescoring.words import WORDS, spaced
+from lmserve.core.words import WORDS, spaced
 
 METRICS = ("wer", "bleu")
 HIGHER_IS_BETTER = {"wer": False, "bleu": True}

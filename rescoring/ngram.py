@@ -24,7 +24,7 @@ from pathlib import Path
 import kenlm
 import numpy as np
 
-from lmserve.rescoring.checkout import source_checkout
+from lmserve.core.checkout import source_checkout
 
 LN10 = math.log(10)
 KENLM_BIN_ENV = "LMSERVE_KENLM_BIN"

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lmserve.rescoring.atomic import atomic_write_text
-from lmserve.rescoring.bundle import sha256_file
+from lmserve.core.atomic import atomic_write_text
+from lmserve.core.bundle import sha256_file
 from lmserve.rescoring.ngram import BOS, NgramError, NgramLM, NgramState
 
 FORMAT = "lmserve-ngram-mix"

@@ -31,9 +31,9 @@ import jiwer
 import numpy as np
 import sacrebleu
 
-from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.core.atomic import atomic_write_text
+from lmserve.core.words import spaced
 from lmserve.rescoring.nbest import NBestList
-from lmserve.rescoring.words import spaced
 
 LENGTH_BINS = ((1, 5), (6, 10), (11, 20), (21, 40), (41, None))  # reference words
 CONFUSIONS = 20  # pairs listed

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
+from lmserve.core.fingerprints import fingerprints
+from lmserve.core.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring import metrics
 from lmserve.rescoring.features import feature_matrices, parse_definition
-from lmserve.rescoring.fingerprints import fingerprints
 from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute, models_key
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.ngram import NgramLM
 from lmserve.rescoring.ngram_mix import NgramMixture, load_ngram
 from lmserve.rescoring.scorer import Scorer
-from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring.tune import TuneResult, TuningSet, tune_guarded, tune_weights
 
 MAX_UNKNOWN_SHARE = 0.5  # ``LanguageModels.check_vocabulary``: more of a list set's words unknown is an error
@@ -53,7 +53,7 @@ class LanguageModels:
         device: str = "cpu",
         precision: str = "fp32",
     ) -> LanguageModels:
-        """``normalize``: a preset of ``rescoring.textnorm.PRESETS``; by default the bundle's own text settings.
+        """``normalize``: a preset of ``core.textnorm.PRESETS``; by default the bundle's own text settings.
         ``open_vocab``: the bundle scores unknown words from their spelling; ``device`` and ``precision``: where and
         how it runs (``Scorer``)."""
         if normalize is not None and normalize not in PRESETS:
@@ -86,7 +86,7 @@ class LanguageModels:
 
     @property
     def normalisation(self) -> str | None:
-        """The neural LM's measured normalisation (``rescoring.bundle``), None without one."""
+        """The neural LM's measured normalisation (``core.bundle``), None without one."""
         return None if self.scorer is None else self.scorer.normalisation
 
     @property
@@ -378,7 +378,7 @@ def reranked(nbest: NBestList, setup: Setup, lm_scores) -> tuple[NBestList, np.n
 
 def setup_record(models: LanguageModels, setup: Setup) -> dict:
     """What a weights file stores besides the weights, so that ``lm-rescore nbest`` can rebuild the setup: the models
-    by path and by content (``rescoring.fingerprints``), definitions and λ."""
+    by path and by content (``core.fingerprints``), definitions and λ."""
     return {
         **models.paths,
         "fingerprints": fingerprints(models.paths),

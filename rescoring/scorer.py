@@ -15,7 +15,7 @@ Two ways in:
   ``score`` on each hypothesis alone.
 
 With ``open_vocab=True`` a bundle whose head spells (charcnn, cnnsoftmax: its manifest has ``spelling``) scores the
-words outside its vocabulary from their spelling instead of as <unk> (``rescoring.bundle``, ``sentences_open``):
+words outside its vocabulary from their spelling instead of as <unk> (``core.bundle``, ``sentences_open``):
 each sentence that has one goes through the ``sentences_open`` graph whole, with the spellings of its unknown words;
 ``SentenceScore.spelled`` counts them. The decoder steps (``next_word_scores``) still read and score them as <unk>.
 
@@ -44,10 +44,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from lmserve.rescoring.bundle import Bundle, BundleError
+from lmserve.core.bundle import Bundle, BundleError
+from lmserve.core.textnorm import TextNormalizer
 from lmserve.rescoring.precision import PrecisionError, check_precision, half_graph
 from lmserve.rescoring.subword import EveryWord, WordPieces
-from lmserve.rescoring.textnorm import TextNormalizer
 
 LN10 = math.log(10)
 UNK, BOS, EOS = 0, 1, 2  # fixed ids of the bundle vocabulary
@@ -219,7 +219,7 @@ class Scorer:
         self.sessions["sentences_open"] = self._session("sentences_open", options)
 
     def spell(self, word: str) -> list[int]:
-        """The character ids the ``sentences_open`` graph reads for a word (``rescoring.bundle``)."""
+        """The character ids the ``sentences_open`` graph reads for a word (``core.bundle``)."""
         sp = self.spelling
         return [sp["bow"], *[self.char_ids[c] for c in word if c in self.char_ids][: sp["max_chars"]], sp["eow"]]
 
@@ -229,7 +229,7 @@ class Scorer:
 
     @property
     def normalisation(self) -> str:
-        """The bundle's measured label: "exact", "self-normalised" or "unnormalised" (``rescoring.bundle``)."""
+        """The bundle's measured label: "exact", "self-normalised" or "unnormalised" (``core.bundle``)."""
         return self.bundle.normalisation
 
     @property

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import sentencepiece as spm
 
-from lmserve.rescoring.bundle import Bundle, BundleError
+from lmserve.core.bundle import Bundle, BundleError
 
 CACHE_WORDS = 1 << 20  # spellings kept; the cache starts again when full (a server sees an open set of words)
 

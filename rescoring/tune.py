@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lmserve.core.atomic import atomic_write_text
 from lmserve.rescoring import metrics
-from lmserve.rescoring.atomic import atomic_write_text
 
 METHODS = ("powell", "nelder-mead")
 WEIGHTS_FORMAT = "lmserve-weights"
@@ -537,7 +537,7 @@ def write_weights(path: str | Path, result: TuneResult, setup: Mapping | None = 
     needs to reproduce the choice (models, definitions, λ: ``rescoring.rescore.setup_record``); ``extra``: more
     fields for the record (cross-validation results, ...). Model paths are stored relative to the weights file (absolute
     where there is no such path, e.g. on another drive), so the file works from any directory and moves with them;
-    ``setup["fingerprints"]`` says which models they were by content (``rescoring.fingerprints``)."""
+    ``setup["fingerprints"]`` says which models they were by content (``core.fingerprints``)."""
     path = Path(path)
     setup = dict(setup or {})
     for key in MODEL_PATHS:

@@ -20,15 +20,16 @@ from pathlib import Path
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from lmserve.core.command import add_common_arguments, parse_args, run_command
+from lmserve.core.lines import read_lines
+from lmserve.core.outputs import check_outputs
 from lmserve.rescoring.client import DEFAULT_TARGET, LMServeClient, normalisation_name, ranked_lists
-from lmserve.rescoring.command import add_common_arguments, add_device_argument, parse_args, run_command
-from lmserve.rescoring.commands.cli import read_lines
-from lmserve.rescoring.commands.score_lines import FORMATS as SCORE_FORMATS
-from lmserve.rescoring.commands.score_lines import score_line
 from lmserve.rescoring.nbest import FOLDER_FORMATS, FORMATS, MAX_WORDS, read_nbest, write_nbest
 from lmserve.rescoring.nbest.checks import parse_defaults
 from lmserve.rescoring.ngram import NgramError
-from lmserve.rescoring.outputs import check_outputs
+from lmserve.rescoring.score_lines import FORMATS as SCORE_FORMATS
+from lmserve.rescoring.score_lines import score_line
+from lmserve.rescoring.scorer_args import add_device_argument
 from lmserve.server.config import load_config
 from lmserve.server.logs import setup_logging
 
@@ -275,7 +276,7 @@ def _health(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """A failed call ends in ``lm-serve: CODE: details`` (exit 1); errors, Ctrl-C and SIGTERM outside the server's own
-    handling in one line (``rescoring.command``); ``LMSERVE_DEBUG=1`` or ``--debug`` shows tracebacks."""
+    handling in one line (``core.command``); ``LMSERVE_DEBUG=1`` or ``--debug`` shows tracebacks."""
     args = parse_args(build_parser(), argv)
 
     def call() -> int:

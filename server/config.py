@@ -43,7 +43,7 @@
     [models.librispeech]          # one table per model; the name is what requests use
     bundle = "bundles/gutenberg_rescore"   # paths are relative to this file
     ngram = "ngrams/gutenberg_4gram.bin"   # optional KenLM model on the bundle's tokens
-    normalize = "librispeech"     # optional rescoring.textnorm preset; default: the bundle's own text settings
+    normalize = "librispeech"     # optional core.textnorm preset; default: the bundle's own text settings
     lambda = 0.5                  # optional per-word interpolation weight: ScoreSentences/ScoreNextWords add it
     open_vocab = false            # optional: score unknown words from their spelling (a bundle whose head spells,
                                   # charcnn or cnnsoftmax) in ScoreSentences and RescoreNBest/KBest, not as <unk>

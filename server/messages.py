@@ -21,7 +21,7 @@ EOS_TOKEN = "</s>"
 
 
 def normalisation(model: ServedModel) -> int:
-    """The bundle's measured label (``rescoring.bundle``) as the wire enum."""
+    """The bundle's measured label (``core.bundle``) as the wire enum."""
     return NORMALISATIONS[model.lm.scorer.normalisation]
 
 

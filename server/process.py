@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from lmserve.rescoring.checkout import source_checkout
+from lmserve.core.checkout import source_checkout
 
 
 class ServerProcess:

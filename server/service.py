@@ -32,6 +32,7 @@ from concurrent.futures import Executor
 import grpc
 from google.protobuf.message import DecodeError
 
+from lmserve.core.words import words as words_of
 from lmserve.rescoring import lmscores
 from lmserve.rescoring.decoder_state import OtherModelState
 from lmserve.rescoring.features import check_features, parse_definition
@@ -39,7 +40,6 @@ from lmserve.rescoring.interpolated import NextWord, Step
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.checks import check_ids
 from lmserve.rescoring.rescore import Setup, report, reranked
-from lmserve.rescoring.words import words as words_of
 from lmserve.server import messages
 from lmserve.server.batching import Batcher, Expired
 from lmserve.server.config import Batching, Limits, StateCacheSettings

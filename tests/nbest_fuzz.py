@@ -135,7 +135,7 @@ NO_REFERENCES = ("moses", "srilm")  # their references come from a file (``refer
 def respaced(space: str, swap: bool = False) -> NBestList:
     """Three entries whose first hypothesis has the words of its reference, separated by ``space`` (``swap``: the
     reference's are), and is best by every feature; the second hypothesis is a word short. A general list: every
-    format's reader must give a first hypothesis of no word errors (``rescoring.words``)."""
+    format's reader must give a first hypothesis of no word errors (``core.words``)."""
     entries = []
     for i in range(3):
         plain = f"the cat sat on mat{i}"

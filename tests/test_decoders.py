@@ -149,7 +149,7 @@ def test_partial_words_and_oov_words(local):
 def test_a_word_not_spelled_as_written_is_out_of_the_vocabulary(bundle):
     """Normalisation that drops characters: the LM reads "'w1" as w1, but the transcript would keep the apostrophe,
     so the decoder pays the offset for it, as KenLM's decoder does for a word outside its unigrams."""
-    from lmserve.rescoring.textnorm import TextNormalizer
+    from lmserve.core.textnorm import TextNormalizer
 
     local = DecoderLM.local(bundle)
     local.normalizer = TextNormalizer(hyphens="split", punctuation="strip")
@@ -206,7 +206,7 @@ def test_subword_piece_labels_are_scored_at_word_boundaries_only(local, engine):
 
 def test_a_word_that_normalises_to_several_tokens_scores_their_sum(bundle):
     """With a normaliser that splits hyphenated words, 'w1-w2' is the tokens w1 and w2, read in turn."""
-    from lmserve.rescoring.textnorm import TextNormalizer
+    from lmserve.core.textnorm import TextNormalizer
 
     lm = DecoderLM.local(bundle)
     lm.normalizer = TextNormalizer(hyphens="split", punctuation="strip")

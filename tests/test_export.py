@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import BUNDLE_HEADS, sentence_batch
 
-from lmserve.rescoring.bundle import Bundle, BundleError
+from lmserve.core.bundle import Bundle, BundleError
 from lmserve.training.checkpoint import load_model_for_eval
 from lmserve.training.cli import main
 from lmserve.training.export import SentencesGraph, StepGraph

@@ -18,7 +18,7 @@ from conftest import (
     write_splits,
 )
 
-from lmserve.rescoring.bundle import Bundle, BundleError, validate_manifest
+from lmserve.core.bundle import Bundle, BundleError, validate_manifest
 from lmserve.rescoring.client import LMServeClient
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList

@@ -1,4 +1,4 @@
-"""Weights files record their models by content (``rescoring.fingerprints``; issue 34: a different model later put at
+"""Weights files record their models by content (``core.fingerprints``; issue 34: a different model later put at
 the same path was used with the old weights, silently): ``lm-rescore nbest --weights`` with a swapped bundle or
 n-gram is an error naming the weights file and the model, and ``--accept-changed-models`` uses it with a warning."""
 
@@ -42,7 +42,7 @@ NBEST = ["nbest", "dev.jsonl", "--weights", "w.json", "--out", "o.jsonl", "--qui
 
 
 def test_the_weights_record_each_models_fingerprint(tuned):
-    from lmserve.rescoring.bundle import sha256_file
+    from lmserve.core.bundle import sha256_file
     from lmserve.rescoring.commands.shards import fingerprint
 
     recorded = read_weights("w.json")["setup"]["fingerprints"]

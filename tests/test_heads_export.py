@@ -16,7 +16,7 @@ from conftest import (
     write_splits,
 )
 
-from lmserve.rescoring.bundle import Bundle
+from lmserve.core.bundle import Bundle
 from lmserve.training.checkpoint import load_model_for_eval
 from lmserve.training.export import SentencesGraph, StepGraph
 

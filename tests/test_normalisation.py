@@ -8,9 +8,9 @@ import pytest
 from conftest import make_sentences, tiny_config_text, write_splits
 from test_rescore import corrupted_lists
 
-from lmserve.rescoring import bundle as bundle_format
+from lmserve.core import bundle as bundle_format
+from lmserve.core.bundle import Bundle
 from lmserve.rescoring import client
-from lmserve.rescoring.bundle import Bundle
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import write_nbest
 from lmserve.rescoring.scorer import Scorer

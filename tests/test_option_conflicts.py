@@ -1,10 +1,10 @@
-"""Options that cannot be honoured together are refused at parse time (``rescoring.command.parse_args``), before any
+"""Options that cannot be honoured together are refused at parse time (``core.command.parse_args``), before any
 file is read (issue 34: ``nbest --report R --html H --no-metrics`` wrote neither, exit 0, without a word). The paths
 below do not exist: a command that read anything would fail with another message."""
 
 import pytest
 
-from lmserve.rescoring.command import parse_args
+from lmserve.core.command import parse_args
 from lmserve.rescoring.commands.cli import build_parser as rescore_parser
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.server.cli import main as serve_main

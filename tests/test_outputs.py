@@ -1,4 +1,4 @@
-"""Outputs checked against each other and against every input before any work (``rescoring.outputs``; issue 34:
+"""Outputs checked against each other and against every input before any work (``core.outputs``; issue 34:
 ``nbest in.jsonl --out in.jsonl`` replaced its input, ``--out x --report x`` lost the reranked list, ``merge --out``
 could overwrite a shard's output). For every command that writes, each pair of paths that may clash
 (tests/output_clashes.py): the command ends with an error naming both flags, and no file is written, changed or
@@ -9,7 +9,7 @@ import os
 import pytest
 from output_clashes import CASES, run_case, snapshot, write_inputs
 
-from lmserve.rescoring.outputs import OutputClash, check_outputs
+from lmserve.core.outputs import OutputClash, check_outputs
 
 
 @pytest.mark.parametrize("case", list(CASES))

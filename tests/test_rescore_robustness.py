@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from lmserve.rescoring.bundle import Bundle, BundleError, sha256_file
+from lmserve.core.bundle import Bundle, BundleError, sha256_file
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestFormatError, NBestList, read_nbest, write_nbest
 
@@ -89,7 +89,7 @@ def test_1_a_missing_feature_is_an_error_not_the_best_score(tmp_path, bundles, c
 WRITER = """
 import json, sys
 import numpy as np
-from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.core.atomic import atomic_write_text
 from lmserve.rescoring.lmscores import HypothesisScores, write_cache
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
 kind, out = sys.argv[1:]
@@ -145,7 +145,7 @@ def test_2_an_output_killed_while_written_is_complete_or_absent(tmp_path, kind, 
     if kind == "folder":
         write_nbest(lists(2), out, "espnet")
     else:
-        from lmserve.rescoring.atomic import atomic_write_text
+        from lmserve.core.atomic import atomic_write_text
 
         atomic_write_text(out, "again\n")
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
@@ -355,8 +355,8 @@ def test_9_version_and_score_normalize(tmp_path, bundles):
     for module in ("lmserve.training.cli", "lmserve.rescoring.commands.cli", "lmserve.server.cli"):
         done = run_cli("-m", module, "--version")
         assert done.returncode == 0 and "lmserve" in done.stdout, module
+    from lmserve.core.textnorm import PRESETS
     from lmserve.rescoring.scorer import Scorer
-    from lmserve.rescoring.textnorm import PRESETS
 
     bundle = bundles[("full", 0.0)][1]
     text = tmp_path / "s.txt"

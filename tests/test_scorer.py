@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import BUNDLE_HEADS
 
-from lmserve.rescoring.bundle import BundleError, sha256_file
+from lmserve.core.bundle import BundleError, sha256_file
+from lmserve.core.textnorm import TextNormalizer
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.scorer import Scorer
-from lmserve.rescoring.textnorm import TextNormalizer
 from lmserve.training.checkpoint import load_model_for_eval
 from lmserve.training.export import SentencesGraph, export_onnx
 

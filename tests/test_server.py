@@ -469,7 +469,7 @@ def test_client_cli(server, client, tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("form", [["--format", "jsonl", "--per-token"], ["--format", "jsonl"], ["--per-token"], []])
 def test_client_score_and_lm_rescore_score_print_a_score_alike(server, bundles, tmp_path, monkeypatch, capsys, form):
-    """Issue 34: the same score, laid out the same way by both commands (``rescoring.commands.score_lines``)."""
+    """Issue 34: the same score, laid out the same way by both commands (``rescoring.score_lines``)."""
     (tmp_path / "s.txt").write_text("w1 w2 w3\nw9\n")
     assert (
         serve_main(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lmserve.rescoring.bundle import Bundle, BundleError
+from lmserve.core.bundle import Bundle, BundleError
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import NBestFormatError, detect_format, read_nbest
 from lmserve.server.app import admin_exposure

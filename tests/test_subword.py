@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import make_sentences, sentence_batch, tiny_config_text, write_corpus, write_splits
 
-from lmserve.rescoring.bundle import Bundle, BundleError
+from lmserve.core.bundle import Bundle, BundleError
 from lmserve.rescoring.client import LMServeClient
 from lmserve.rescoring.interpolated import InterpolatedLM, Step
 from lmserve.rescoring.ngram import NgramLM, build_ngram

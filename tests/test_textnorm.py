@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
+from lmserve.core.textnorm import PRESETS, TextNormalizer
 from lmserve.training.gutenberg import normalise_librispeech
 
 PTB = PRESETS["ptb"]

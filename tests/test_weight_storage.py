@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from lmserve.rescoring.bundle import WEIGHTS_FILE, Bundle, BundleError
+from lmserve.core.bundle import WEIGHTS_FILE, Bundle, BundleError
 from lmserve.rescoring.scorer import Scorer
 from lmserve.training.cli import main
 

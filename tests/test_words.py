@@ -1,15 +1,15 @@
-"""One definition of a word (``rescoring.words``): any run of Unicode whitespace separates words, for the LMs' tokens,
+"""One definition of a word (``core.words``): any run of Unicode whitespace separates words, for the LMs' tokens,
 WER, BLEU, the oracle and the readers alike (issue 34: a Kaldi ``text`` file with tabs between words scored a
 hypothesis identical to its reference as 100% WER, so the oracle was wrong and tune returned all-zero weights)."""
 
 import pytest
 from nbest_fuzz import FILE_NAMES, NO_REFERENCES, NO_TABS, SPACES, as_format, respaced, write_references
 
+from lmserve.core.textnorm import PRESETS
+from lmserve.core.words import WORDS, spaced, words
 from lmserve.rescoring import metrics
 from lmserve.rescoring.nbest import FORMATS, read_nbest, write_nbest
 from lmserve.rescoring.rescore import Setup, report, tuning_set
-from lmserve.rescoring.textnorm import PRESETS
-from lmserve.rescoring.words import WORDS, spaced, words
 
 
 def test_a_word_is_what_str_split_gives():

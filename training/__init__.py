@@ -1,4 +1,4 @@
 """Training side of lmserve: corpora, vocabularies, LSTM language models, output heads and objectives, checkpoints.
 
-The only package of the project that imports torch (DESIGN.md).
+The only package of the project that imports torch (docs/design.md).
 """

@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lmserve.rescoring.bundle import FORMAT as BUNDLE_FORMAT
-from lmserve.rescoring.bundle import MANIFEST_FILE
+from lmserve.core.bundle import FORMAT as BUNDLE_FORMAT
+from lmserve.core.bundle import MANIFEST_FILE
 from lmserve.training.checkpoint import CheckpointError, resolve_checkpoint
 from lmserve.training.config import Config, ConfigError, apply_overrides, config_from_dict, read_config_file
 

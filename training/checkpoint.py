@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from lmserve.rescoring.atomic import atomic_write_text, replacing_folder
+from lmserve.core.atomic import atomic_write_text, replacing_folder
 from lmserve.training.config import Config, config_from_dict
 from lmserve.training.model import LSTMLM
 from lmserve.training.subword import MODEL_FILE as SUBWORD_MODEL_FILE

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import lmserve
-from lmserve.rescoring.bundle import WEIGHT_STORAGES
-from lmserve.rescoring.command import stdout_closed
-from lmserve.rescoring.outputs import check_outputs
+from lmserve.core.bundle import WEIGHT_STORAGES
+from lmserve.core.command import stdout_closed
+from lmserve.core.outputs import check_outputs
 from lmserve.training.config import CHECKOUT_DATA_DIR, DATA_ENV, ConfigError, data_dir, expand_data_path, load_config
 
 

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from lmserve.rescoring.atomic import atomic_write_bytes
+from lmserve.core.atomic import atomic_write_bytes
 
 
 class MetricsLog:

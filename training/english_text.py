@@ -2,7 +2,7 @@
 
 The general English LM of issue 31 rescores ASR lists (HyPoradise: lower case, no punctuation) and MT k-best lists
 (cased, punctuated): every scorer normalises its input to LibriSpeech form (upper-case A-Z words, in-word apostrophes,
-``rescoring.textnorm`` preset ``librispeech``), so this text is written in that form too, by the same function as the
+``core.textnorm`` preset ``librispeech``), so this text is written in that form too, by the same function as the
 Gutenberg books (``training.gutenberg.normalise_librispeech``; sentences with digits are dropped, as there).
 
 The four files differ in how they hold text (data README, section 10), so each has its own splitter:
@@ -27,7 +27,7 @@ import re
 import sys
 from pathlib import Path
 
-from lmserve.rescoring.atomic import atomic_write_bytes
+from lmserve.core.atomic import atomic_write_bytes
 from lmserve.training.gutenberg import SPLITS, normalise_librispeech, paragraphs, split_sentences
 
 SOURCES = ("ted", "sgd", "cabnc", "reuters")

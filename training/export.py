@@ -1,6 +1,6 @@
 """``lm-train export``: a checkpoint becomes a model bundle (ONNX graphs, vocabulary, manifest).
 
-The bundle format is documented once, in ``rescoring/bundle.py``, which reads and validates it; this module writes
+The bundle format is documented once, in ``lmserve/core/bundle.py``, which reads and validates it; this module writes
 it. Export checks its own work: the exported sentences graph is run with ONNX Runtime on held-out text and compared
 with PyTorch token by token, and the manifest records the difference together with the held-out perplexity and the
 log Z statistics that say how far self-normalised scores are from log-probabilities.
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lmserve.rescoring.atomic import replacing_folder
-from lmserve.rescoring.bundle import (  # the format, defined once where it is read (no torch there)
+from lmserve.core.atomic import replacing_folder
+from lmserve.core.bundle import (  # the format, defined once where it is read (no torch there)
     FORMAT,
     FORMAT_VERSION,
     GRAPH_FILES,
@@ -141,7 +141,7 @@ class StepGraph(nn.Module):
 
 
 def spelling_fields(speller) -> dict:
-    """The manifest's ``spelling``: how the scorer spells a word for the open graph (``rescoring.bundle``)."""
+    """The manifest's ``spelling``: how the scorer spells a word for the open graph (``core.bundle``)."""
     return {
         "chars": [c for c, _ in sorted(speller.inventory.items(), key=lambda item: item[1])],
         "first_char_id": min(speller.inventory.values(), default=3),

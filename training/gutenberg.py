@@ -17,7 +17,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
-from lmserve.rescoring.atomic import atomic_write_bytes
+from lmserve.core.atomic import atomic_write_bytes
 
 MANIFEST = "MANIFEST.tsv"
 SPLITS = ("train", "valid", "test")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmserve.rescoring.atomic import replacing_folder
+from lmserve.core.atomic import replacing_folder
 from lmserve.training.corpus import (
     BLOCK_BYTES,
     BlockIds,

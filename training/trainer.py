@@ -27,7 +27,7 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.core.atomic import atomic_write_text
 from lmserve.training.batching import Batch, SentenceBatches, StreamBatches
 from lmserve.training.checkpoint import (
     CheckpointError,

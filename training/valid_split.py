@@ -13,7 +13,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from lmserve.rescoring.atomic import replacing
+from lmserve.core.atomic import replacing
 from lmserve.training.config import Config, ConfigError, expand_data_path
 from lmserve.training.corpus import CorpusError, open_binary
 from lmserve.training.prepared import is_prepared

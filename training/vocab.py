@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from lmserve.rescoring.atomic import atomic_write_text
-from lmserve.rescoring.bundle import VOCAB_HEADER as HEADER  # checkpoints and bundles share the vocabulary format
+from lmserve.core.atomic import atomic_write_text
+from lmserve.core.bundle import VOCAB_HEADER as HEADER  # checkpoints and bundles share the vocabulary format
 
 BOS, EOS = "<s>", "</s>"
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from lmserve.rescoring.bundle import WEIGHT_STORAGES, WEIGHTS_FILE
+from lmserve.core.bundle import WEIGHT_STORAGES, WEIGHTS_FILE
 
 EXTERNAL_MIN_BYTES = 1024  # smaller initializers stay inside their graph
 INT8_MIN_ROWS = 16  # a tensor with fewer vectors than this along its last axis is a bias, not a matrix

@@ -12,45 +12,25 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
-from lmserve.rescoring.atomic import atomic_write_lines
-from lmserve.rescoring.bundle import Bundle
-from lmserve.rescoring.command import (
-    add_common_arguments,
-    add_device_argument,
-    add_precision_argument,
-    parse_args,
-    precision_conflict,
-    run_command,
-)
+from lmserve.core.atomic import atomic_write_lines
+from lmserve.core.bundle import Bundle
+from lmserve.core.command import add_common_arguments, parse_args, run_command
+from lmserve.core.lines import iter_lines, read_lines
+from lmserve.core.outputs import check_outputs
+from lmserve.core.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring.commands import rescore_cli
-from lmserve.rescoring.commands.score_lines import FORMATS as SCORE_FORMATS
-from lmserve.rescoring.commands.score_lines import score_line
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.nbest import FORMATS, read_nbest
 from lmserve.rescoring.ngram import LN10, NgramError, build_ngram, model_files
 from lmserve.rescoring.ngram_mix import load_ngram, tune_mixture
-from lmserve.rescoring.outputs import check_outputs
-from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
-
-
-def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
-    """Lines of a binary stream as text, one at a time (corpora need not fit in memory); bad UTF-8 is an error naming
-    the line."""
-    for lineno, raw in enumerate(stream, 1):
-        try:
-            yield raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
-
-
-def read_lines(stream: BinaryIO, name: str) -> list[str]:
-    return list(iter_lines(stream, name))
+from lmserve.rescoring.score_lines import FORMATS as SCORE_FORMATS
+from lmserve.rescoring.score_lines import score_line
+from lmserve.rescoring.scorer_args import add_device_argument, add_precision_argument, precision_conflict
 
 
 def _text_view(args) -> Callable[[str], list[str]]:
-    """How text becomes n-gram tokens: ``--normalize`` (a ``rescoring.textnorm`` preset) and, with ``--like BUNDLE``,
+    """How text becomes n-gram tokens: ``--normalize`` (a ``core.textnorm`` preset) and, with ``--like BUNDLE``,
     that bundle's own text settings and vocabulary (other words become ``<unk>``), so that the n-gram sees exactly the
     tokens the neural LM sees and their per-word interpolation mixes distributions over the same words."""
     normalizer = PRESETS[args.normalize] if args.normalize else None
@@ -303,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Errors, Ctrl-C and SIGTERM end in one line on stderr (``rescoring.command``; OSError: files, and lm-serve
+    """Errors, Ctrl-C and SIGTERM end in one line on stderr (``core.command``; OSError: files, and lm-serve
     with --server); ``LMSERVE_DEBUG=1`` or ``--debug`` shows the traceback."""
     args = parse_args(build_parser(), argv)
     return run_command("lm-rescore", lambda: args.func(args), args.debug, user_errors=(NgramError,))

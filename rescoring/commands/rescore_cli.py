@@ -13,11 +13,11 @@ check on any text), warning of a test-set leak. ``interp`` is refused for a bund
 
 Both check everything they were given before a model runs: the flags, the list (``rescoring.nbest.checks``) and its
 references, the features the weights use, and that every output can be written. Outputs appear complete or not at
-all (``rescoring.atomic``).
+all (``core.atomic``).
 
 With ``--server HOST:PORT`` (and ``--server-model NAME``) both take their LM scores from a running ``lm-serve``
 instead of loading models: ``rescoring.commands.remote`` (over the lm-serve client, ``rescoring.client``) is
-imported only then, so the engine never needs gRPC, and ``rescoring`` never imports ``server`` (DESIGN.md). ``nbest``
+imported only then, so the engine never needs gRPC, and ``rescoring`` never imports ``server`` (docs/design.md). ``nbest``
 takes a fleet, ``--server A,B,…`` with ``--concurrency C``: whole lists as ``RescoreNBest`` calls
 (``rescoring.commands.fleet``).
 
@@ -35,9 +35,11 @@ import sys
 import time
 from pathlib import Path
 
+from lmserve.core.atomic import atomic_write_text
+from lmserve.core.fingerprints import check_fingerprints
+from lmserve.core.outputs import check_outputs
+from lmserve.core.textnorm import PRESETS
 from lmserve.rescoring import overlap
-from lmserve.rescoring.atomic import atomic_write_text
-from lmserve.rescoring.command import add_device_argument, add_precision_argument, precision_conflict
 from lmserve.rescoring.commands.shards import (
     Shard,
     cache_shard,
@@ -52,7 +54,6 @@ from lmserve.rescoring.commands.shards import (
     write_report,
 )
 from lmserve.rescoring.features import check_features
-from lmserve.rescoring.fingerprints import check_fingerprints
 from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint, write_cache
 from lmserve.rescoring.nbest import (
     FOLDER_FORMATS,
@@ -65,7 +66,6 @@ from lmserve.rescoring.nbest import (
 )
 from lmserve.rescoring.nbest.checks import parse_defaults
 from lmserve.rescoring.ngram import NgramError
-from lmserve.rescoring.outputs import check_outputs
 from lmserve.rescoring.overlap import DEFAULT_N, WARN_SHARE
 from lmserve.rescoring.rescore import (
     LanguageModels,
@@ -80,7 +80,7 @@ from lmserve.rescoring.rescore import (
     utterance_stats,
 )
 from lmserve.rescoring.rescore import tune as tune_setup
-from lmserve.rescoring.textnorm import PRESETS
+from lmserve.rescoring.scorer_args import add_device_argument, add_precision_argument, precision_conflict
 from lmserve.rescoring.tune import METHODS, check_bounds, format_stability, parse_bounds, read_weights, write_weights
 
 OFFENDERS = 5  # the worst references the leakage check lists in a report
@@ -298,7 +298,7 @@ def _models_given(args, saved: dict) -> bool:
 
 def _check_saved_models(args, saved: dict, weights: Path) -> None:
     """The models a weights file names (where the command line does not override them) must exist, and the models to
-    be used must be the ones the weights were tuned with (``rescoring.fingerprints``), unless a server scores."""
+    be used must be the ones the weights were tuned with (``core.fingerprints``), unless a server scores."""
     for name in ("lm", "ngram"):
         path = saved.get(name)
         if path and not getattr(args, name) and not args.server and not Path(path).exists():
@@ -348,7 +348,7 @@ def _language_models(args, saved: dict, weights: Path | None = None, setup: Setu
 
 
 def _read_paths(args, saved: dict | None = None) -> dict:
-    """What ``tune`` and ``nbest`` read, by the flag that names it (``rescoring.outputs``): the list (or the systems'
+    """What ``tune`` and ``nbest`` read, by the flag that names it (``core.outputs``): the list (or the systems'
     files and the source), references and models, and ``nbest``'s weights file with the models it names."""
     given = {"--systems": args.systems, "--source": args.source} if args.systems else {"LIST": args.list}
     given |= {"--references": args.references, "--lm": args.lm, "--ngram": args.ngram}

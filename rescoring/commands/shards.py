@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmserve.rescoring.atomic import atomic_write_lines, atomic_write_text
+from lmserve.core.atomic import atomic_write_lines, atomic_write_text
 from lmserve.rescoring.lmscores import FORMAT, FORMAT_VERSION
 from lmserve.rescoring.nbest import SUFFIX_FORMATS, NBestList, output_format, read_nbest, write_nbest
 from lmserve.rescoring.overlap import Offender, Overlap

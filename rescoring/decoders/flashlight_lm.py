@@ -6,7 +6,7 @@
     best = decoder.decode(log_probs)[0]                                           # .words, .score, .lm_score
 
 The class derives from flashlight-text's ``LM``, never from torchaudio's ``CTCDecoderLM``: this package stays
-torch-free (DESIGN.md), and torchaudio's class is a thin subclass of the same ``LM`` whose ``ctc_decoder`` hands the
+torch-free (docs/design.md), and torchaudio's class is a thin subclass of the same ``LM`` whose ``ctc_decoder`` hands the
 LM to flashlight unchanged, so ``ctc_decoder(..., lm=LMServeFlashlightLM(...))`` takes it where torchaudio still
 ships its decoder.
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import grpc
 
-from lmserve.rescoring.textnorm import PRESETS, TextNormalizer
+from lmserve.core.textnorm import PRESETS, TextNormalizer
 
 log = logging.getLogger("lmserve.decoders")
 EOS = "</s>"

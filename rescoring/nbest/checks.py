@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+from lmserve.core.words import words as words_of
 from lmserve.rescoring.nbest.model import NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError
-from lmserve.rescoring.words import words as words_of
 
 MAX_WORDS = 200  # words per hypothesis, offline (--max-words) and in lm-serve (limits.max_words)
 

@@ -26,7 +26,7 @@ import gzip
 import re
 from pathlib import Path
 
-from lmserve.rescoring.atomic import atomic_write_text
+from lmserve.core.atomic import atomic_write_text
 from lmserve.rescoring.nbest.files import attach_references, read_text
 from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError, parse_number, split_lines

@@ -6,7 +6,7 @@ import gzip
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from lmserve.rescoring.atomic import replacing_folder
+from lmserve.core.atomic import replacing_folder
 from lmserve.rescoring.nbest.model import NBestEntry
 from lmserve.rescoring.nbest.parsing import NBestFormatError, split_lines
 
@@ -35,7 +35,7 @@ def first_line(path: Path) -> str:
 
 
 def write_folder(path: Path, contents: dict[str, str], layout: Iterable[str]) -> None:
-    """Write a folder format's files into a new folder that replaces ``path`` whole (``rescoring.atomic``), so that
+    """Write a folder format's files into a new folder that replaces ``path`` whole (``core.atomic``), so that
     the folder is complete or absent and reading it back gives what was written. A folder already at ``path`` is
     replaced only when it holds nothing but files of the format's ``layout`` (an earlier output): anything else there
     is somebody's, and the write is refused."""

@@ -16,7 +16,7 @@ import gzip
 import json
 from pathlib import Path
 
-from lmserve.rescoring.atomic import atomic_write_bytes
+from lmserve.core.atomic import atomic_write_bytes
 from lmserve.rescoring.nbest.files import attach_references, read_text
 from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError, json_number

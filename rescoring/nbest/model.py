@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Hypothesis:
-    text: str  # as given (its words: ``rescoring.words``); may be "" (decoders do emit empty hypotheses)
+    text: str  # as given (its words: ``core.words``); may be "" (decoders do emit empty hypotheses)
     features: dict[str, float] = field(default_factory=dict)
     rank: int | None = None  # 1-based position in the decoder's list, where the format says so
     origin: str | None = field(default=None, compare=False, repr=False)  # "file:line: field ..." it was read from

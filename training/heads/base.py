@@ -1,4 +1,4 @@
-"""What every output layer ("head") answers; see DESIGN.md, "The output layer is the heart of it"."""
+"""What every output layer ("head") answers; see docs/design.md, "The output layer is the heart of it"."""
 
 from __future__ import annotations
 

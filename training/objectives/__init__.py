@@ -1,4 +1,4 @@
-"""Training objectives: how a head is trained, kept apart from the head itself (DESIGN.md).
+"""Training objectives: how a head is trained, kept apart from the head itself (docs/design.md).
 
 An objective maps (head, hidden ``[N, D]``, targets ``[N]``) to a summed loss over the N positions; the trainer
 chooses the reduction. The self-normalisation penalty rides on top of any objective. ``exact`` holds cross-entropy

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from lmserve.rescoring.bundle import MANIFEST_FILE, sha256_file
+from lmserve.core.bundle import MANIFEST_FILE, sha256_file
 
 MODELS = {"lm": "neural LM bundle", "ngram": "n-gram"}  # the fields of a weights file's "setup" that name models
 

@@ -6,7 +6,7 @@ upper-case words with in-word apostrophes. ``TextNormalizer`` bridges that gap, 
 ``PRESETS`` names the settings our models need. It only shapes the LM's input: WER and BLEU are computed on the lists'
 own words, untouched.
 
-Steps, in order (each off by default, so the default normaliser only splits text into words: ``rescoring.words``,
+Steps, in order (each off by default, so the default normaliser only splits text into words: ``core.words``,
 any Unicode whitespace, as WER and BLEU split it):
 
 1. ``case``: "keep", "lower" or "upper". Markup ("<unk>") and, with ``numbers="ptb"``, ``N`` keep their case.
@@ -37,7 +37,7 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from lmserve.rescoring.words import words
+from lmserve.core.words import words
 
 CASES = ("keep", "lower", "upper")
 PUNCTUATION = ("keep", "strip")

@@ -6,7 +6,7 @@ traceback.
   ``OSError``): ``PROG: error: MESSAGE``, exit 2;
 - Ctrl-C: ``PROG: interrupted``, exit 130; SIGTERM: ``PROG: terminated``, exit 143. SIGTERM is turned into an
   exception first, so that, as with Ctrl-C, every temporary file and folder is removed on the way out
-  (``rescoring.atomic``);
+  (``core.atomic``);
 - stdout closed by its reader (``| head``): quietly, exit 141 (128 + SIGPIPE, what a shell reports when a pipe
   ends a command; Python ignores the signal and raises ``BrokenPipeError`` instead);
 - anything else is a bug: one line that says so, exit 1.
@@ -40,51 +40,6 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """``--version`` and ``--debug`` (tracebacks instead of one-line errors, as ``LMSERVE_DEBUG=1``)."""
     parser.add_argument("--version", action="version", version=f"%(prog)s (lmserve) {lmserve.__version__}")
     parser.add_argument("--debug", action="store_true", help=f"show tracebacks (also: {DEBUG_ENV}=1)")
-
-
-def add_device_argument(parser: argparse.ArgumentParser, default: str | None = "cpu", where: str = "") -> None:
-    """``--device cpu|cuda``, where a command's neural scorer runs (``rescoring.scorer``): checked as it is parsed,
-    so that a CUDA device this onnxruntime cannot give fails before any list is read or model loaded."""
-    from lmserve.rescoring.scorer import DEVICES, DeviceError, check_device
-
-    def device(text: str) -> str:
-        try:
-            return check_device(text)
-        except DeviceError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    parser.add_argument(
-        "--device",
-        type=device,
-        default=default,
-        metavar="{" + ",".join(DEVICES) + "}",
-        help=f"where the neural LM runs (default: {where or default}); cuda needs onnxruntime-gpu: lmserve[gpu]",
-    )
-
-
-def add_precision_argument(parser: argparse.ArgumentParser) -> None:
-    """``--precision fp32|fp16``, the arithmetic of a command's neural scorer (``rescoring.precision``); a command
-    refuses fp16 off ``--device cuda`` among its conflicts (:func:`precision_conflict`)."""
-    from lmserve.rescoring.precision import PRECISIONS
-
-    parser.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="fp32",
-        help="the neural LM's arithmetic (default: %(default)s); fp16 on --device cuda only, its scores within a "
-        "stated bound of fp32's",
-    )
-
-
-def precision_conflict(args: argparse.Namespace) -> str | None:
-    """Why ``--precision`` cannot run on ``--device``, or None."""
-    from lmserve.rescoring.precision import PrecisionError, check_precision
-
-    try:
-        check_precision(args.precision, args.device)
-    except PrecisionError as e:
-        return f"--precision {args.precision} with --device {args.device}: {e}"
-    return None
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:

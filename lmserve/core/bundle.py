@@ -58,7 +58,7 @@ vocab               {"file", "size", "unk", "bos", "eos"}; version 3 adds "type"
                     word's score is the sum of its pieces' and nothing is out of vocabulary (byte pieces spell any
                     character; ``rescoring.subword``)
 text                how the training text became tokens: {"tokenizer": "whitespace", "lowercase": bool}, or a
-                    ``rescoring.textnorm.TextNormalizer`` (``{"tokenizer": "textnorm", ...}``); the scorer
+                    ``core.textnorm.TextNormalizer`` (``{"tokenizer": "textnorm", ...}``); the scorer
                     applies it to the text it is given unless the caller passes another normaliser
 model               {"layers", "hidden_size", "embedding_size", "projection_size"}
 graphs              {"sentences", "step", "step_full"}: file names; "sentences_open" too with ``spelling``

@@ -2,7 +2,7 @@
 everything the command reads. Every command that writes files calls :func:`check_outputs` once (``lm-rescore``,
 ``lm-train``, ``lm-serve client``).
 
-Outputs are written whole and renamed into place (``rescoring.atomic``), so two outputs at one path leave only the one
+Outputs are written whole and renamed into place (``core.atomic``), so two outputs at one path leave only the one
 written last, and an output at an input's path replaces what was read: ``lm-rescore nbest in.jsonl --out in.jsonl``
 replaced the list it reranked, ``--out x.jsonl --report x.jsonl`` kept the report and lost the reranked list, and
 ``merge --out`` could overwrite a shard's output. Nesting counts as well: a folder output (an ESPnet dump, a bundle)
@@ -20,7 +20,7 @@ import os
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
-from lmserve.rescoring.atomic import check_writable
+from lmserve.core.atomic import check_writable
 
 PathLike = str | Path
 Paths = PathLike | Iterable[PathLike] | None  # one path, several (``--references A B``), or none given
