@@ -145,8 +145,8 @@ class LMServer:
     async def tasks_finished(self) -> None:
         """Let the event loop's other tasks end by themselves. gRPC keeps a task per call that ends a loop turn or two
         after the call was cancelled; one still there when ``asyncio.run`` closes the loop is cancelled by it, and
-        gRPC prints that as a bare ``CancelledError`` traceback on stderr, outside the JSON log (issue 34: calls cut
-        short when the grace period ran out)."""
+        gRPC prints that as a bare ``CancelledError`` traceback on stderr, outside the JSON log (calls cut short
+        when the grace period ran out)."""
         left = asyncio.all_tasks() - {asyncio.current_task()}
         if left:
             _, pending = await asyncio.wait(left, timeout=TASKS_WAIT_SECONDS)

@@ -1,6 +1,6 @@
 """The shared ``english-text`` folder (TED talks, task dialogues, British conversation, Reuters) -> LM sentences.
 
-The general English LM of issue 31 rescores ASR lists (HyPoradise: lower case, no punctuation) and MT k-best lists
+The general English LM rescores ASR lists (HyPoradise: lower case, no punctuation) and MT k-best lists
 (cased, punctuated): every scorer normalises its input to LibriSpeech form (upper-case A-Z words, in-word apostrophes,
 ``core.textnorm`` preset ``librispeech``), so this text is written in that form too, by the same function as the
 Gutenberg books (``training.gutenberg.normalise_librispeech``; sentences with digits are dropped, as there).

@@ -18,8 +18,8 @@ static shapes (:class:`Router`):
   (:meth:`RoutedBatch.widened`): batches routed before a capacity grew (those waiting in the prefetch queue, or a
   benchmark's batches routed all at once) would otherwise alternate with the wider ones, each change of shape a new
   capture. Routed in order, gpu_step's 40 batches meet 19 shapes, and before the step widened them every later pass
-  over them captured 8 graphs again (counted on the CPU with the router and the old rule): ``cuda_graphs``' 1.24x at
-  60% busy of 00274f1 was timed with those captures inside its rounds.
+  over them captured 8 graphs again (counted on the CPU with the router and the old rule): ``cuda_graphs``' first
+  1.24x at 60% busy was timed with those captures inside its rounds.
 
 ``compile``: :func:`routed_loss` through ``torch.compile`` (AOTAutograd compiles its backward; on a GPU mode
 ``reduce-overhead`` replays it as CUDA graphs, one per shape; the cuDNN LSTM stays an eager graph break), then

@@ -80,7 +80,7 @@ class Head(nn.Module, abc.ABC):
         """How the head would score a word it does not know, from its spelling: a ``Speller`` for heads whose output
         vectors come from characters (charcnn, cnnsoftmax, and their frozen heads), None for the rest.
 
-        The one addition to the interface for open-vocabulary scoring (issue 33): ``frozen()`` had made a char-CNN
+        The one addition to the interface for open-vocabulary scoring: ``frozen()`` had made a char-CNN
         head a plain matrix, which can only score the words it was built with; a frozen head now keeps its speller
         beside the matrix, so that evaluation, export and the scorer can ask any head the same question."""
         spelling = self._modules.get("spelling")

@@ -15,7 +15,7 @@ starting from the training unigram, and Q is built from it as the fixed proposal
 unigram: p̄ to the power ``noise_power``, normalised, mixed with the uniform by ``noise_uniform`` (so that no word's Q
 falls to 0). The power matters: a proposal that followed p̄ itself concentrated its samples on frequent words as
 training went on, and rare words were seldom offered as negatives, as with the plain unigram proposal (Gutenberg
-50k, 1M tokens: 560.6 against fixed IS's 452.4, ``output_layers_v2_1000k.json`` at 43cf68a). (Bengio & Senécal's
+50k, 1M tokens: 560.6 against fixed IS's 452.4, an earlier ``output_layers_v2`` run). (Bengio & Senécal's
 proposal is an adapted n-gram; this is its unigram case, which one ``[N, D] x [D, S]`` product per step can sample
 from, shared by the batch.) The estimate is training state: checkpoints keep it (``state_dict``), and under
 torchrun the ranks average their estimates so that they all draw from the same Q.
