@@ -129,7 +129,7 @@ def test_the_entry_point_passes_ports_from_the_environment(tmp_path, variable, f
     assert f"{flag}: invalid int value: 'not-a-port'" in result.stderr
 
 
-# -- issue 34: the walkthrough as written ------------------------------------------------------------------------
+# -- the walkthrough as written ----------------------------------------------------------------------------------
 
 MODELS = DEPLOY / "kubernetes" / "models"
 GUIDE = [DEPLOY.parent / "README.md", *sorted((DEPLOY.parent / "docs").rglob("*.md"))]

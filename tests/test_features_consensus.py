@@ -1,4 +1,4 @@
-"""The features rerankers use besides LMs (issue 31): minimum-Bayes-risk consensus (sentence BLEU, chrF, 1 − WER),
+"""The features rerankers use besides LMs: minimum-Bayes-risk consensus (sentence BLEU, chrF, 1 − WER),
 rank, chars and src_ratio. Each value is pinned on a list small enough to work out by hand (the arithmetic is in the
 comments); similarities agree with sacrebleu and jiwer on random pairs; tuning with consensus and no LM picks the
 majority hypothesis and survives the weights file."""

@@ -1,4 +1,4 @@
-"""Weights files record their models by content (``core.fingerprints``; issue 34: a different model later put at
+"""Weights files record their models by content (``core.fingerprints``; once a different model later put at
 the same path was used with the old weights, silently): ``lm-rescore nbest --weights`` with a swapped bundle or
 n-gram is an error naming the weights file and the model, and ``--accept-changed-models`` uses it with a warning."""
 

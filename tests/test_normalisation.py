@@ -24,7 +24,7 @@ def test_the_label_follows_the_measurement():
     assert normalisation_label(True, -SELFNORM_MAX_ABS_MEAN, SELFNORM_MAX_STD) == "self-normalised"
     assert normalisation_label(True, SELFNORM_MAX_ABS_MEAN + 0.01, 0.1) == "unnormalised"
     assert normalisation_label(True, 0.0, SELFNORM_MAX_STD + 0.01) == "unnormalised"
-    # the PTB figures of the issue: negative sampling and IS without the penalty were called self-normalised
+    # figures of the PTB objective rows: negative sampling and IS without the penalty were called self-normalised
     assert normalisation_label(True, 3.05, 0.73) == "unnormalised"
     assert normalisation_label(True, 1.49, 1.47) == "unnormalised"
     assert normalisation_label(True, -0.06, 0.24) == "self-normalised"  # NCE

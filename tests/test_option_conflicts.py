@@ -1,5 +1,5 @@
 """Options that cannot be honoured together are refused at parse time (``core.command.parse_args``), before any
-file is read (issue 34: ``nbest --report R --html H --no-metrics`` wrote neither, exit 0, without a word). The paths
+file is read (``nbest --report R --html H --no-metrics`` once wrote neither, exit 0, without a word). The paths
 below do not exist: a command that read anything would fail with another message."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Outputs checked against each other and against every input before any work (``core.outputs``; issue 34:
+"""Outputs checked against each other and against every input before any work (``core.outputs``; once
 ``nbest in.jsonl --out in.jsonl`` replaced its input, ``--out x --report x`` lost the reranked list, ``merge --out``
 could overwrite a shard's output). For every command that writes, each pair of paths that may clash
 (tests/output_clashes.py): the command ends with an error naming both flags, and no file is written, changed or

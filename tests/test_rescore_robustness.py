@@ -1,4 +1,4 @@
-"""lm-rescore with bad input and crashes (issue 22): every numbered defect of the issue has a test here (the server's
+"""lm-rescore with bad input and crashes: every way it once failed on them has a test here (the server's
 in test_server.py, Gutenberg's in test_gutenberg.py): no silent wrong answers, no partial outputs, no tracebacks, and
 errors before any model runs."""
 

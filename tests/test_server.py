@@ -355,7 +355,7 @@ def test_bad_requests_get_the_right_status_codes(server, client):
 
 @pytest.mark.parametrize("kind", ["nbest", "kbest"])
 def test_list_ids_are_checked_as_lm_rescore_checks_them(client, kind):
-    """An id twice or an empty id is INVALID_ARGUMENT naming it (issue 34: the server answered OK, where lm-rescore
+    """An id twice or an empty id is INVALID_ARGUMENT naming it (the server once answered OK, where lm-rescore
     refuses such a list: references, caches and reports find lists by id)."""
     call = client.rescore_nbest if kind == "nbest" else client.rescore_kbest
     twice, empty = noisy_lists(3, 16), noisy_lists(3, 16)

@@ -254,7 +254,7 @@ def test_sigterm_drains_the_calls_in_flight_and_refuses_new_ones(bundles, tmp_pa
 
 def test_calls_cut_short_when_the_grace_period_runs_out_leave_a_json_log(bundles, tmp_path):
     """Past ``grace_seconds`` the calls still in flight are cancelled: they get UNAVAILABLE or CANCELLED, the server
-    exits 0, and every line of its log is JSON (issue 34: gRPC's own task of each such call, left for ``asyncio.run``
+    exits 0, and every line of its log is JSON (once gRPC's own task of each such call, left for ``asyncio.run``
     to cancel, printed a bare CancelledError traceback into the log)."""
     config = write_config(tmp_path / "serve.toml", bundles[("full", 0.0)][1])
     config.write_text(config.read_text().replace("grace_seconds = 60.0", "grace_seconds = 0.2"))

@@ -1,5 +1,5 @@
 """A call that the shutdown cuts short (its scoring pool already shut down, past the grace period) is no bug: it gets
-UNAVAILABLE and a log line without a traceback (issue 22: the shutdown wrote a traceback into the JSON log). The same
+UNAVAILABLE and a log line without a traceback (the shutdown once wrote a traceback into the JSON log). The same
 failure while serving is an internal error, logged with its traceback."""
 
 import asyncio

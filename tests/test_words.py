@@ -1,5 +1,5 @@
 """One definition of a word (``core.words``): any run of Unicode whitespace separates words, for the LMs' tokens,
-WER, BLEU, the oracle and the readers alike (issue 34: a Kaldi ``text`` file with tabs between words scored a
+WER, BLEU, the oracle and the readers alike (once a Kaldi ``text`` file with tabs between words scored a
 hypothesis identical to its reference as 100% WER, so the oracle was wrong and tune returned all-zero weights)."""
 
 import pytest
