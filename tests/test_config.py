@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from lmserve.training.config import ConfigError, expand_data_path, load_config, parse_override
+from lmserve.training.config import ConfigError, config_from_dict, expand_data_path, load_config, parse_override
 
 
 def write(tmp_path, text):
@@ -97,3 +97,18 @@ def test_the_data_folder_comes_from_lmserve_data_or_the_current_directory(tmp_pa
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"\.\./shared/data \(from .*\), which does not exist"):
         expand_data_path("{data}/x.txt")
+
+
+def test_head_and_objective_keys_are_checked_at_start_up():
+    for raw, key in (
+        ({"head": {"type": "dsoftmax"}}, "needs head.cutoffs"),
+        ({"head": {"type": "full", "band_widths": [4]}}, "head.band_widths is for head.type = dsoftmax"),
+        ({"head": {"type": "full", "slim_embeddings": "run"}}, "head.slim_embeddings is for head.type = slim"),
+        ({"head": {"type": "dsoftmax", "band_layout": "x"}}, "head.band_layout"),
+        ({"head": {"type": "cnnsoftmax", "correction_size": -1}}, "head.correction_size = -1"),
+        ({"objective": {"type": "adaptive_importance_sampling", "adapt_rate": 1.5}}, "objective.adapt_rate = 1.5"),
+        ({"head": {"type": "adaptive"}, "objective": {"type": "target_sampling"}}, "needs head.type = full"),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            config_from_dict(raw)
+    config_from_dict({"head": {"type": "dsoftmax", "cutoffs": [10], "band_widths": [150, 50]}})

@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 from lmserve.training.config import HeadConfig
 from lmserve.training.heads import ClassSoftmax, FullSoftmax, SlimSoftmax, TreeSoftmax, build_head
 from lmserve.training.heads.class_based import clustered_classes, frequency_bins
+from lmserve.training.heads.slim import kmeans
 from lmserve.training.heads.tree import huffman_branches, leaf_depths
 
 V, D, N = 60, 12, 40
@@ -316,3 +317,55 @@ def test_huffman_clustered_tree_is_a_huffman_code_that_keeps_similar_words_toget
     torch.testing.assert_close(leaf_depths(zipf.branches), leaf_depths(huffman.branches), rtol=0, atol=0)
     with pytest.raises(ValueError, match="head.tree = huffman_clustered needs head.tree_embeddings"):
         TreeSoftmax(D, V, "huffman_clustered")
+
+
+# -- clustered slim sub-vectors -----------------------------------------------------------------------------------
+
+
+def test_kmeans_finds_separated_clusters_deterministically():
+    torch.manual_seed(3)
+    centres = torch.tensor([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    members = torch.randint(0, 3, (200,))
+    members[:3] = torch.tensor([0, 1, 2])  # the starting centroids are the first points
+    points = centres[members] + 0.1 * torch.randn(200, 2)
+    found, labels = kmeans(points, 3)
+    torch.testing.assert_close(found, centres[:3], atol=0.05, rtol=0)
+    assert torch.equal(labels, members)
+    again, labels_again = kmeans(points, 3)
+    assert torch.equal(again, found) and torch.equal(labels_again, labels)
+
+
+def test_slim_sub_vectors_clustered_from_a_trained_models_output_vectors(tmp_path):
+    torch.manual_seed(4)
+    # 6 kinds of words whose trained vectors are alike within a kind; chunk k of kind j is centre[k][j]
+    kinds = torch.arange(V) % 6
+    centres = torch.randn(4, 6, D // 4)
+    trained = torch.cat([centres[k][kinds] for k in range(4)], dim=1) + 0.01 * torch.randn(V, D)
+    save_file(
+        {"head.linear.weight": trained, "embedding.weight": torch.zeros(V, 5)}, str(tmp_path / "model.safetensors")
+    )
+    clustered = SlimSoftmax(D, V, subvectors=4, pool=24, embeddings=str(tmp_path))
+    random = SlimSoftmax(D, V, subvectors=4, pool=24)
+    before = clustered.table.assignment.clone()
+    assert torch.equal(before, random.table.assignment)  # until the trainer hands over the unigram
+    clustered.init_bias(torch.full((V,), -torch.log(torch.tensor(float(V)))))
+    assignment = clustered.table.assignment
+    for k in range(4):  # same kind, same sub-vector; the pools hold the centres
+        for kind in range(6):
+            assert len(set(assignment[kinds == kind, k].tolist())) == 1
+    vectors = clustered.table.vectors(torch.arange(V))
+    torch.testing.assert_close(vectors, trained, atol=0.05, rtol=0)  # the noise around the centres
+    hidden = torch.randn(N, D)
+    torch.testing.assert_close(clustered.logits(hidden), hidden @ vectors.T + clustered.bias)
+
+
+def test_slim_clustering_checks_its_source(tmp_path):
+    save_file({"head.linear.weight": torch.randn(V, D + 1)}, str(tmp_path / "model.safetensors"))
+    head = SlimSoftmax(D, V, subvectors=4, pool=24, embeddings=str(tmp_path))
+    with pytest.raises(ValueError, match="head.slim_embeddings = .* 13 dimensions"):
+        head.init_bias(torch.zeros(V))
+    with pytest.raises(ValueError, match="head.slim_pool = 400"):
+        SlimSoftmax(D, V, subvectors=4, pool=400, embeddings=str(tmp_path))
+    save_file({"embedding.weight": torch.randn(V + 1, D)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="cover 61 words"):
+        SlimSoftmax(D, V, subvectors=4, pool=24, embeddings=str(tmp_path)).init_bias(torch.zeros(V))
