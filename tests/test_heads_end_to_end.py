@@ -1,8 +1,9 @@
-"""Issue 33's heads and objectives from training to serving: each trains one epoch on the generated corpus and exports
-(held-out parity |ONNX - PyTorch| <= 1e-4, checked by export itself); the torch-free scorer matches PyTorch on every
-graph; lm-serve serves every bundle and ScoreNextWords steps add up to ScoreSentences; and a char-CNN bundle scores
-words outside its vocabulary from their spelling, in the scorer, `lm-rescore score --open-vocab` and lm-serve's
-ScoreSentences and RescoreNBest (``open_vocab = true``), matching PyTorch."""
+"""Differentiated softmax, CNN-softmax, clustered slim and the char-CNN head, target sampling and adaptive IS from
+training to serving: each trains one epoch on the generated corpus and exports (held-out parity |ONNX - PyTorch|
+<= 1e-4, checked by export itself); the torch-free scorer matches PyTorch on every graph; lm-serve serves every bundle
+and ScoreNextWords steps add up to ScoreSentences; and a char-CNN bundle scores words outside its vocabulary from
+their spelling, in the scorer, `lm-rescore score --open-vocab` and lm-serve's ScoreSentences and RescoreNBest
+(``open_vocab = true``), matching PyTorch."""
 
 import json
 
@@ -73,7 +74,7 @@ SENTENCES = ["w1 w2 w3", "", "w5 w77 w7 w7", "w0 w3 w1 w4 w2 w9 w11", "w12 zzz Ã
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    root = tmp_path_factory.mktemp("v2_bundles")
+    root = tmp_path_factory.mktemp("head_bundles")
     corpus = write_splits(root)
     made = {}
     for name, (head, objective, _) in ROWS.items():
@@ -204,7 +205,7 @@ SERVED = ("dsoftmax", "dsoftmax-ts", "full-ais", "cnnsoftmax", "cnnsoftmax-is", 
 
 @pytest.fixture(scope="module")
 def served(exported, tmp_path_factory):
-    root = tmp_path_factory.mktemp("v2_serve")
+    root = tmp_path_factory.mktemp("head_serve")
     tables = [f'[models.{name}]\nbundle = "{exported[name][1]}"\n' for name in SERVED]
     tables.append(f'[models.open]\nbundle = "{exported["cnnsoftmax"][1]}"\nopen_vocab = true\n')
     with running_lm_serve(root, "[server]\nworkers = 2\n\n" + "\n".join(tables)) as address:
