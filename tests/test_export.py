@@ -122,3 +122,14 @@ def test_bundle_validation_names_what_is_wrong(bundles, tmp_path):
     assert "vocab.size says 99" in damaged(edit_manifest(vocab={**Bundle.load(good).manifest["vocab"], "size": 99}))
     assert "not valid JSON" in damaged(lambda p: (p / "manifest.json").write_text("{"))
     assert "not a model bundle" in damaged(lambda p: (p / "manifest.json").unlink())
+
+
+@pytest.mark.parametrize(("section", "field"), [("vocab", "size"), ("model", "layers"), ("model", "hidden_size")])
+def test_a_bundle_error_names_the_whole_field(tmp_path, bundles, section, field):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(bundles[("full", 0.0)][1], bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest[section][field] = 0
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=rf"field '{section}\.{field}' = 0: expected a positive integer"):
+        Bundle.load(bundle)

@@ -1,12 +1,14 @@
 """Every n-best format on small files written here: reading, writing, round trips, detection, and errors that
 name the file, the line (or entry) and the field."""
 
+import gzip
 import json
 import os
 import tarfile
 
 import pytest
 
+from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import (
     FORMATS,
     Hypothesis,
@@ -475,6 +477,19 @@ def test_detection_and_override(tmp_path):
         detect_format(tmp_path / "missing")
     # in the order detection tries them: wmt before srilm (a folder of plain lines), fairseq before moses
     assert list(FORMATS) == ["espnet", "kaldi", "wmt", "hyporadise", "jsonl", "fairseq", "moses", "srilm"]
+
+
+def test_a_gzipped_jsonl_list_is_read_and_an_unknown_format_names_the_flag(tmp_path, capsys):
+    line = json.dumps({"id": "a", "hypotheses": [{"text": "x y"}], "references": ["x y"]}) + "\n"
+    (tmp_path / "l.jsonl.gz").write_bytes(gzip.compress(line.encode()))
+    assert detect_format(tmp_path / "l.jsonl.gz") == "jsonl"
+    assert read_nbest(tmp_path / "l.jsonl.gz").entries[0].references == ["x y"]
+    (tmp_path / "l.txt.gz").write_bytes(gzip.compress(line.encode()))
+    with pytest.raises(NBestFormatError, match="say which with --format") as error:
+        detect_format(tmp_path / "l.txt.gz")
+    assert "format=" not in str(error.value)
+    assert rescore_main(["references", str(tmp_path / "l.txt.gz"), "--out", str(tmp_path / "r.txt")]) == 2
+    assert "say which with --format" in capsys.readouterr().err
 
 
 def test_conversion_between_formats(tmp_path):

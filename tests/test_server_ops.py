@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lmserve.rescoring.client import LMServeClient, hypothesis_list
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry
-from lmserve.server.app import LMServer, server_credentials
+from lmserve.server.app import LMServer, admin_exposure, server_credentials
 from lmserve.server.config import ConfigError, load_config
 from lmserve.server.models import ModelSet
 from lmserve.server.process import ServerProcess
@@ -405,6 +405,33 @@ def test_tls_batching_and_admin_config_errors_name_the_key(bundles, certs, tmp_p
     config.tls.key = tmp_path / "missing.key"
     with pytest.raises(ConfigError, match="tls.key = .*missing.key': cannot read it"):
         server_credentials(config.tls)
+
+
+def admin_config(tmp_path: Path, admin: bool, tls: str = ""):
+    path = tmp_path / "serve.toml"
+    path.write_text(f'[server]\nadmin = {str(admin).lower()}\n{tls}\n[models.m]\nbundle = "b"\n')
+    return load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("host", "admin", "tls", "warned"),
+    [
+        ("0.0.0.0", True, "", "without TLS"),
+        ("10.1.2.3", True, '[tls]\ncert = "c"\nkey = "k"\n', "with TLS but no client_ca"),
+        ("::", True, "", "without TLS"),
+        ("0.0.0.0", True, '[tls]\ncert = "c"\nkey = "k"\nclient_ca = "ca"\n', None),
+        ("127.0.0.1", True, "", None),
+        ("::1", True, "", None),
+        ("localhost", True, "", None),
+        ("0.0.0.0", False, "", None),
+    ],
+)
+def test_an_admin_service_open_to_the_network_is_warned_about(tmp_path, host, admin, tls, warned):
+    message = admin_exposure(admin_config(tmp_path, admin, tls), host)
+    if warned is None:
+        assert message is None
+    else:
+        assert f"admin = true on {host}, {warned}: anyone who reaches the port can reload the models" in message
 
 
 def test_the_shipped_serve_config_serves_what_make_demo_writes():

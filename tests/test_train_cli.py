@@ -244,3 +244,13 @@ def test_ctrl_c_saves_mid_epoch_and_resume_ends_like_an_uninterrupted_run(slow_c
     assert "carried.h" in load_file(run / "checkpoints" / latest / "trainer.safetensors")
     resumed = resume(run)
     assert resumed["valid"]["ppl"] == pytest.approx(uninterrupted["valid"]["ppl"], rel=1e-9)
+
+
+def test_a_config_that_fails_leaves_no_run_folder(tmp_path, capsys):
+    (tmp_path / "empty.toml").write_text("")
+    assert main(["fit", str(tmp_path / "empty.toml"), "--out", str(tmp_path / "run")]) == 2
+    assert "data.train and data.valid must both be set" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()  # a folder that was there before stays
+    assert main(["fit", str(tmp_path / "empty.toml"), "--out", str(tmp_path / "run")]) == 2
+    assert (tmp_path / "run").is_dir()
