@@ -13,5 +13,5 @@ from pathlib import Path
 
 def source_checkout() -> Path | None:
     """The repository's root when this module is its ``lmserve/core/checkout.py``, else None."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() and (root / "lmserve" / "__init__.py").is_file() else None
