@@ -4,12 +4,8 @@ so that a model can learn something in a few seconds and perplexities are meanin
 from __future__ import annotations
 
 import gzip
-import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,30 +13,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lmserve.server.process import ServerProcess
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def running_lm_serve(root: Path, config: str) -> Iterator[str]:
-    """``lm-serve serve`` with ``config`` (TOML text, written to ROOT/serve.toml) on a free port: its address while
-    the block runs, then SIGTERM and a clean exit. The server's log is root/server.log."""
-    (root / "serve.toml").write_text(config)
-    log = root / "server.log"
-    with open(log, "wb") as err:
-        command = [sys.executable, "-m", "lmserve.server.cli", "serve", "--config", str(root / "serve.toml")]
-        proc = subprocess.Popen([*command, "--port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-    deadline, port = time.monotonic() + 60, None
-    while port is None:
-        assert proc.poll() is None, f"the server exited: {log.read_text()}"
-        assert time.monotonic() < deadline, f"the server did not start: {log.read_text()}"
-        records = [json.loads(line) for line in log.read_text().splitlines()]
-        port = next((r["port"] for r in records if r["message"] == "listening"), None)
-        time.sleep(0.1)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, log.read_text()
+def running_lm_serve(root: Path, config: str | Path, *args: str, log: str = "server.log") -> Iterator[ServerProcess]:
+    """``lm-serve serve`` in a child process on a free port, as the benchmarks start it (``server.process``): with
+    ``config``, TOML text (written to root/serve.toml) or a config file, and ``args``, more ``serve`` options. Yields
+    the server (``address``, ``records``, ``metrics_url``; its log is root/``log``); when the block ends without an
+    error, SIGTERM, and the test fails unless the server exits 0 with ``stopped`` as its last log line and no error
+    logged. Tests that stop or break a server on purpose use ``ServerProcess`` itself."""
+    if not isinstance(config, Path):
+        (root / "serve.toml").write_text(config)
+        config = root / "serve.toml"
+    with ServerProcess(config, root / log, *args) as server:
+        yield server
+        assert server.stop(timeout=30) == 0, server.log_text()
+        records = server.records
+        assert records[-1]["message"] == "stopped", server.log_text()
+        assert not [r for r in records if r.get("level") == "error"], f"errors in the server log: {server.log_text()}"
 
 
 def no_gpu_reason() -> str | None:

@@ -208,8 +208,8 @@ def served(exported, tmp_path_factory):
     root = tmp_path_factory.mktemp("head_serve")
     tables = [f'[models.{name}]\nbundle = "{exported[name][1]}"\n' for name in SERVED]
     tables.append(f'[models.open]\nbundle = "{exported["cnnsoftmax"][1]}"\nopen_vocab = true\n')
-    with running_lm_serve(root, "[server]\nworkers = 2\n\n" + "\n".join(tables)) as address:
-        with LMServeClient(address, timeout=30) as client:
+    with running_lm_serve(root, "[server]\nworkers = 2\n\n" + "\n".join(tables)) as server:
+        with LMServeClient(server.address, timeout=30) as client:
             yield client
 
 

@@ -1,4 +1,4 @@
-"""Issue 31's MT lists through every path of the engine and the server: a generated WMT folder of system outputs
+"""MT lists through every path of the engine and the server: a generated WMT folder of system outputs
 (features votes and sys_*) and a fairseq-generate file, tuned on list features alone (consensus_*, src_ratio, rank,
 chars: no LM), reranked by one ``lm-rescore nbest`` run and by ``--shard K/N`` runs joined with ``lm-rescore merge``
 (the same list and report, byte for byte), and by a real lm-serve's ``RescoreKBest`` (the same choices and BLEU),
@@ -135,8 +135,8 @@ def server(bundles, mt_lists, tmp_path_factory):
         "[server]\nworkers = 1\nmetrics_port = 0\n\n"
         f'[models.tiny]\nbundle = "{bundles[("full", 0.0)][1]}"\n[models.tiny.profiles]\n{profiles}'
     )
-    with running_lm_serve(root, config) as address:
-        yield address
+    with running_lm_serve(root, config) as server:
+        yield server.address
 
 
 @pytest.mark.parametrize("name", ["wmt", "fairseq"])

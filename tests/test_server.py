@@ -7,8 +7,6 @@ import io
 import json
 import math
 import re
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -18,7 +16,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import ROOT, make_sentences
+from conftest import make_sentences, running_lm_serve
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -87,37 +85,9 @@ def setup_dir(bundles, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(setup_dir):
-    """``lm-serve serve`` on a free port; the port comes from its 'listening' log line. Stopped with SIGTERM."""
-    log = setup_dir / "server.log"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lmserve.server.cli",
-                "serve",
-                "--config",
-                str(setup_dir / "serve.toml"),
-                "--port",
-                "0",
-            ],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-    deadline = time.monotonic() + 60
-    ports = {}
-    while "listening" not in ports or "metrics" not in ports:
-        ports = {r["message"]: r.get("port") for r in map(json.loads, log.read_text().splitlines())}
-        assert proc.poll() is None, f"the server exited: {log.read_text()}"
-        assert time.monotonic() < deadline, f"the server did not start: {log.read_text()}"
-        time.sleep(0.1)
-    yield f"127.0.0.1:{ports['listening']}", log, f"http://127.0.0.1:{ports['metrics']}/metrics"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0, log.read_text()
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert records[-1]["message"] == "stopped"
-    assert not [r for r in records if r["level"] == "error"], "internal errors in the server log"
+    """``lm-serve serve`` on a free port (conftest.running_lm_serve): its address, log and metrics URL."""
+    with running_lm_serve(setup_dir, setup_dir / "serve.toml") as server:
+        yield server.address, server.log_path, server.metrics_url
 
 
 @pytest.fixture(scope="module")
@@ -370,8 +340,8 @@ def test_list_ids_are_checked_as_lm_rescore_checks_them(client, kind):
 
 
 def test_a_missing_feature_is_invalid_and_the_admin_service_is_off_by_default(client):
-    """Issue 22: a hypothesis without a feature the weights use was scored as if it were 0.0, the best log score;
-    and Admin/ReloadModels answered anyone on the service port."""
+    """A hypothesis without a feature the weights use was once scored as if it were 0.0, the best log score; and
+    Admin/ReloadModels answered anyone on the service port."""
     lists = NBestList([NBestEntry("u", [Hypothesis("w1 w2", {"am": -5.0}), Hypothesis("w3", {})], ["w1"])])
     code, details = status_of(client.rescore_nbest, lists, weights={"am": 1.0, "neural": 0.1})
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "(id 'u').hypotheses[1]: no feature 'am'" in details
@@ -469,7 +439,7 @@ def test_client_cli(server, client, tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("form", [["--format", "jsonl", "--per-token"], ["--format", "jsonl"], ["--per-token"], []])
 def test_client_score_and_lm_rescore_score_print_a_score_alike(server, bundles, tmp_path, monkeypatch, capsys, form):
-    """Issue 34: the same score, laid out the same way by both commands (``rescoring.score_lines``)."""
+    """The same score, laid out the same way by both commands (``rescoring.score_lines``)."""
     (tmp_path / "s.txt").write_text("w1 w2 w3\nw9\n")
     assert (
         serve_main(
@@ -514,8 +484,8 @@ def test_client_rescore_writes_the_html_report(server, tmp_path, capsys):
 
 
 def test_client_rescore_takes_the_feature_default_its_error_advises(server, tmp_path, capsys):
-    """Issue 34: a list whose hypothesis lacks a feature was refused with advice to give --feature-default, which
-    ``lm-serve client rescore`` did not accept."""
+    """A list whose hypothesis lacks a feature is refused with advice to give --feature-default, which ``lm-serve
+    client rescore`` once did not accept."""
     lists = noisy_lists(3, 18)
     del lists.entries[1].hypotheses[2].features["am"]
     write_nbest(lists, tmp_path / "l.jsonl", "jsonl")
