@@ -94,7 +94,7 @@ class InterpolatedLM:
 
     def start_state(self) -> DecoderState:
         h, c = self.scorer.zero_state(1)
-        return DecoderState(BOS, h[:, 0], c[:, 0], (NGRAM_BOS,) if self.ngram is not None else None)
+        return DecoderState(self.scorer.start_id, h[:, 0], c[:, 0], (NGRAM_BOS,) if self.ngram is not None else None)
 
     def read_state(self, token: bytes) -> DecoderState:
         """The state in a token from :meth:`next_words`; the empty token is a sentence start. A token made by a model
@@ -140,7 +140,7 @@ class InterpolatedLM:
         """:meth:`read_state` of a batch's items (tokens, b"" for a sentence start, or objects taken as they are), as
         the step graph takes them: ``prev_ids`` [B], ``h``, ``c`` [L, B, H], and each item's n-gram context. Tokens
         are decoded together (``decoder_state.decode_many``); an error's message starts with ``where(i)``."""
-        prev = np.full(len(states), BOS, dtype=np.int64)
+        prev = np.full(len(states), self.scorer.start_id, dtype=np.int64)
         h, c = self.scorer.zero_state(len(states))
         contexts = [self.start_state().ngram_context] * len(states)
         tokens = [i for i, state in enumerate(states) if not isinstance(state, DecoderState) and state]

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from lmserve.core.atomic import atomic_write_lines
 from lmserve.core.textnorm import TextNormalizer
+from lmserve.rescoring.context import score_from_states, states_before
 from lmserve.rescoring.nbest import NBestList
 from lmserve.rescoring.ngram import NgramLM
 from lmserve.rescoring.scorer import Scorer, SentenceScore
@@ -107,8 +108,11 @@ def compute(
     progress: bool = False,
     lists_per_call: int = 64,
     seconds: dict[str, float] | None = None,
+    context: tuple[list[str], list[str]] | None = None,
 ) -> list[list[HypothesisScores]]:
-    """Score every hypothesis; the neural LM shares prefixes within each list (``Scorer.score_nbest``).
+    """Score every hypothesis; the neural LM shares prefixes within each list (``Scorer.score_nbest``), or, with
+    ``context`` (each entry's document and the history text it leaves to later ones: ``rescoring.context``), reads
+    each list from the state its document's earlier utterances left.
 
     ``scorer`` must use ``normalizer`` (``Scorer(..., normalizer=...)``): its words are what the n-gram scores.
     ``seconds``, when given, accumulates the time spent in each model ("neural", "ngram"), for throughput reports."""
@@ -117,6 +121,10 @@ def compute(
     if scorer is not None and scorer.normalizer != normalizer:
         raise ValueError("the scorer normalises text differently from the n-gram: give both the same normaliser")
     seconds = {} if seconds is None else seconds
+    states = None
+    if context is not None and scorer is not None:
+        with _timed(seconds, "neural"):
+            states = states_before(scorer, *context)
     out: list[list[HypothesisScores]] = []
     entries = nbest.entries
     with tqdm(total=len(entries), desc="LM scores", unit="list", disable=not progress) as bar:
@@ -125,7 +133,11 @@ def compute(
             texts = [[h.text for h in e.hypotheses] for e in chunk]
             if scorer is not None:
                 with _timed(seconds, "neural"):
-                    scored = scorer.score_nbest(texts)
+                    if states is None:
+                        scored = scorer.score_nbest(texts)
+                    else:
+                        part = slice(start, start + len(chunk))
+                        scored = score_from_states(scorer, texts, states[0][:, part], states[1][:, part])
                 words = [[_as_neural_vocab(s, scorer) for s in row] for row in scored]
             else:
                 scored = [[None] * len(row) for row in texts]

@@ -19,6 +19,7 @@ import numpy as np
 from lmserve.core.fingerprints import fingerprints
 from lmserve.core.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring import metrics
+from lmserve.rescoring.context import document_keys, fingerprint, first_pass_history
 from lmserve.rescoring.features import feature_matrices, parse_definition
 from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute, models_key
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
@@ -41,6 +42,7 @@ class LanguageModels:
     ngram: NgramLM | NgramMixture | None
     normalizer: TextNormalizer
     paths: dict[str, str | None] = field(default_factory=dict)
+    context: str | None = None  # where documents come from (``rescoring.context``); None: sentence by sentence
 
     @classmethod
     def load(
@@ -52,10 +54,16 @@ class LanguageModels:
         open_vocab: bool = False,
         device: str = "cpu",
         precision: str = "fp32",
+        context: str | None = None,
     ) -> LanguageModels:
         """``normalize``: a preset of ``core.textnorm.PRESETS``; by default the bundle's own text settings.
         ``open_vocab``: the bundle scores unknown words from their spelling; ``device`` and ``precision``: where and
-        how it runs (``Scorer``)."""
+        how it runs (``Scorer``); ``context``: the neural LM reads each document's earlier utterances first
+        (``rescoring.context``; needs a bundle)."""
+        if context is not None:
+            if lm is None:
+                raise ValueError("--context carries the neural LM's state across utterances: give a bundle (--lm)")
+            document_keys(NBestList([]), context)  # an unknown kind fails here, before any model is loaded
         if normalize is not None and normalize not in PRESETS:
             raise ValueError(f"unknown text normalisation {normalize!r}; expected one of {sorted(PRESETS)}")
         scorer = None
@@ -77,7 +85,9 @@ class LanguageModels:
                 "lm": None if lm is None else str(lm),
                 "ngram": None if ngram is None else str(ngram),
                 "normalize": normalize,
+                **({"context": context} if context else {}),
             },
+            context,
         )
 
     @property
@@ -94,22 +104,34 @@ class LanguageModels:
         """What their scores depend on (``lmscores.models_key``): part of a sharded run's identity."""
         return models_key(self.scorer, self.ngram, self.normalizer)
 
-    def scores(self, nbest: NBestList, cache: Path | None = None, progress: bool = False):
+    def scores(
+        self, nbest: NBestList, cache: Path | None = None, progress: bool = False, history: list[str] | None = None
+    ):
         """Per-token scores of every hypothesis (``rescoring.lmscores``), None without models. The rescoring job
         asks nothing else of its LMs, which is what lets ``lm-rescore --server`` put a running lm-serve in their
-        place (``rescoring.commands.remote.RemoteLanguageModels``: ``available``, ``scores`` and ``paths`` alike)."""
+        place (``rescoring.commands.remote.RemoteLanguageModels``: ``available``, ``scores`` and ``paths`` alike).
+        With ``context``, ``history`` is what each utterance leaves to the later ones of its document (default: the
+        first pass's 1-best)."""
         if not self.available:
             return None
         self.check_vocabulary(nbest)
+        context = self.documents(nbest, history)
         return load_or_compute(
             cache,
-            self.cache_key(nbest),
+            self.cache_key(nbest, context),
             nbest,
-            lambda: compute(nbest, self.scorer, self.ngram, self.normalizer, progress=progress),
+            lambda: compute(nbest, self.scorer, self.ngram, self.normalizer, progress=progress, context=context),
         )
 
-    def cache_key(self, nbest: NBestList) -> dict[str, str | None]:
-        return cache_key(nbest, self.scorer, self.ngram, self.normalizer)
+    def documents(self, nbest: NBestList, history: list[str] | None = None) -> tuple[list[str], list[str]] | None:
+        """Each entry's document and history (``rescoring.context``), None when scoring sentence by sentence."""
+        if self.context is None:
+            return None
+        return document_keys(nbest, self.context), history or first_pass_history(nbest)
+
+    def cache_key(self, nbest: NBestList, context: tuple[list[str], list[str]] | None = None) -> dict[str, str | None]:
+        key = cache_key(nbest, self.scorer, self.ngram, self.normalizer)
+        return key if context is None else key | {"context": f"{self.context} {fingerprint(*context)}"}
 
     def check_vocabulary(self, nbest: NBestList, max_share: float = MAX_UNKNOWN_SHARE) -> float:
         """The largest share of the lists' words (of at most ``VOCABULARY_SAMPLE`` hypotheses spread over them)

@@ -150,6 +150,9 @@ class Scorer:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         manifest = self.bundle.manifest
         self.index = {token: i for i, token in enumerate(self.bundle.tokens)}  # tokens: words, or subword pieces
+        # what the LSTM reads before a sentence's first word: <s>, or </s> for a model trained as a stream (it never
+        # read <s>, only the </s> that ends the sentence before; ``core.bundle``'s "sentence_start")
+        self.start_id = EOS if manifest.get("sentence_start") == "</s>" else BOS
         self.pieces = WordPieces(self.bundle) if self.bundle.subword_model else None
         # the words the model knows, those an n-gram beside it must see as themselves rather than <unk>: all of them
         # with an open vocabulary
@@ -309,7 +312,7 @@ class Scorer:
             inputs = np.full((len(batch), steps), EOS, dtype=np.int64)
             targets = np.full((len(batch), steps), EOS, dtype=np.int64)
             chars = np.full((len(batch), steps, width), self.spelling["pad"], dtype=np.int64)
-            inputs[:, 0] = BOS
+            inputs[:, 0] = self.start_id
             for row, (words, ids, _) in enumerate(batch):
                 inputs[row, 1 : len(ids) + 1] = ids
                 targets[row, : len(ids)] = ids
@@ -339,17 +342,20 @@ class Scorer:
             start = end
         return batches
 
-    def score_ids(self, batch: Sequence[list[int]]) -> np.ndarray:
-        """Token scores ``[B, T]`` of sentences given as word ids (without <s>/</s>); row b has len + 1 scores."""
+    def score_ids(
+        self, batch: Sequence[list[int]], h0: np.ndarray | None = None, c0: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Token scores ``[B, T]`` of sentences given as word ids (without the start token and </s>); row b has
+        len + 1 scores. Each from a fresh state, or from ``h0``, ``c0`` [L, B, H] (``rescoring.context``)."""
         steps = max(len(ids) for ids in batch) + 1
         inputs = np.full((len(batch), steps), EOS, dtype=np.int64)
         targets = np.full((len(batch), steps), EOS, dtype=np.int64)
-        inputs[:, 0] = BOS
+        inputs[:, 0] = self.start_id
         for row, ids in enumerate(batch):
             inputs[row, 1 : len(ids) + 1] = ids
             targets[row, : len(ids)] = ids
         lengths = np.array([len(ids) + 1 for ids in batch], dtype=np.int64)
-        return self._run_sentences(inputs, targets, lengths)
+        return self._run_sentences(inputs, targets, lengths, h0, c0)
 
     def _run_sentences(
         self, inputs: np.ndarray, targets: np.ndarray, lengths: np.ndarray, h0: np.ndarray | None = None, c0=None
@@ -494,7 +500,7 @@ class Scorer:
         encoded = [[self.encode(h, memo) for h in hyps] for hyps in lists]
         paths = []
         for hyps in encoded:
-            paths.append(forest.add_list([[*ids, EOS] for _, ids, _ in hyps]))
+            paths.append(forest.add_list([[*ids, EOS] for _, ids, _ in hyps], self.start_id))
         ends = np.array([path[-1] for hyp_paths in paths for path in hyp_paths], dtype=np.int64)
         edge_scores = self._run_forest(forest, ends, max_batch_rows)
         results = [
@@ -657,7 +663,7 @@ class _Tails:
 
 
 class _PrefixForest:
-    """Prefix trees of token ids; node i stands for a prefix ending in ``token[i]`` (roots are ``<s>``).
+    """Prefix trees of token ids; node i stands for a prefix ending in ``token[i]`` (roots are the start token).
 
     Edges are identified by their child node, so a hypothesis is the list of nodes on its path after the root.
     Nodes are numbered in creation order, so a parent comes before its children, and the nodes a hypothesis does not
@@ -669,14 +675,15 @@ class _PrefixForest:
         self.parent: list[int] = []
         self.depth: list[int] = []
 
-    def add_list(self, hypotheses: list[list[int]]) -> list[list[int]]:
-        """A new tree from one list's hypotheses (ids ending with </s>); each hypothesis' path after the root.
+    def add_list(self, hypotheses: list[list[int]], start: int = BOS) -> list[list[int]]:
+        """A new tree from one list's hypotheses (ids ending with </s>) under a root that reads ``start``; each
+        hypothesis' path after the root.
 
         In sorted order a hypothesis shares with the whole tree exactly what it shares with the one before it; the
         rest of it becomes new consecutive nodes, each the parent of the next (appended a run at a time: this is
         the scorer's Python hot spot)."""
         root = len(self.token)
-        self.token.append(BOS)
+        self.token.append(start)
         self.parent.append(-1)
         self.depth.append(0)
         paths: list[list[int]] = [[] for _ in hypotheses]

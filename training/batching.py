@@ -51,6 +51,12 @@ class Batch:
         return Batch(self.inputs.pin_memory(), self.targets.pin_memory(), mask, self.num_sequences)
 
 
+def sentence_start_id(trained_mode: str, vocab) -> int:
+    """What a model reads before a sentence's first word when it scores sentences one by one: ``<s>``, or ``</s>``
+    for a model trained as a stream, which never read ``<s>`` (the bundle's "sentence_start", ``core.bundle``)."""
+    return vocab.eos_id if trained_mode == "stream" else vocab.bos_id
+
+
 class StreamBatches:
     """The stream is every sentence followed by ``</s>``; stream b of B is its b-th contiguous slice of ``steps``
     tokens. A batch's tokens are looked up from the sentence offsets, so no copy of the corpus is made."""

@@ -56,6 +56,7 @@ def _eval(args) -> int:
     from lmserve.training.trainer import describe, make_batcher
 
     cfg, vocab, model = load_model_for_eval(args.checkpoint)
+    trained_mode = cfg.data.mode
     if args.mode:
         cfg.data.mode = args.mode
     if args.batch_size:
@@ -64,7 +65,7 @@ def _eval(args) -> int:
         torch.set_num_threads(args.threads)
     subword = checkpoint_subword_model(cfg, resolve_checkpoint(args.checkpoint))
     corpus = open_corpus(args.file, "test", vocab, cfg.data.lowercase, subword)
-    result = evaluate(model, make_batcher(cfg, corpus, vocab, training=False), vocab.unk_id)
+    result = evaluate(model, make_batcher(cfg, corpus, vocab, training=False, trained_mode=trained_mode), vocab.unk_id)
     print(f"{args.file} ({cfg.data.mode} mode): {describe(result, corpus.oov_rate)}", file=sys.stderr)
     words = per_word(result, corpus) if subword else {}
     if words:

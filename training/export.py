@@ -39,7 +39,7 @@ from lmserve.core.bundle import (  # the format, defined once where it is read (
     WEIGHT_STORAGES,
 )
 from lmserve.training import objectives
-from lmserve.training.batching import SentenceBatches, StreamBatches
+from lmserve.training.batching import SentenceBatches, StreamBatches, sentence_start_id
 from lmserve.training.checkpoint import load_model_for_eval, resolve_checkpoint
 from lmserve.training.config import expand_data_path
 from lmserve.training.corpus import file_fingerprint
@@ -326,7 +326,9 @@ def export_bundle(
     heldout = heldout or expand_data_path(cfg.data.valid)
     subword = checkpoint_subword_model(cfg, ckpt)
     corpus = open_corpus(heldout, "valid", vocab, cfg.data.lowercase, subword)
-    batches = SentenceBatches(corpus, vocab.bos_id, vocab.eos_id, cfg.train.eval_batch_size, shuffle=False)
+    stream_trained = cfg.data.mode == "stream"
+    start_id = sentence_start_id(cfg.data.mode, vocab)
+    batches = SentenceBatches(corpus, start_id, vocab.eos_id, cfg.train.eval_batch_size, shuffle=False)
     exact = evaluate(model, batches, vocab.unk_id)
     stream = {}
     if cfg.data.mode == "stream" and corpus.num_words + corpus.num_sentences >= 2 * cfg.train.eval_batch_size:
@@ -362,6 +364,7 @@ def export_bundle(
             "format_version": SUBWORD_FORMAT_VERSION if subword else FORMAT_VERSION,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "head": cfg.head.type,
+            **({"sentence_start": "</s>"} if stream_trained else {}),
             "normalisation": normalisation_label(self_normalised, exact.logz_mean, exact.logz_std),
             "vocab": vocab_fields,
             "text": {"tokenizer": "whitespace", "lowercase": cfg.data.lowercase},
@@ -409,8 +412,8 @@ def export_warnings(manifest: dict) -> list[str]:
         )
     if "stream_ppl" in held:
         out.append(
-            f"the model was trained in stream mode but is exported for sentence scoring (each sentence from a fresh "
-            f"state): held-out perplexity {held['stream_ppl']:.2f} as a stream, {held['ppl']:.2f} sentence by "
-            'sentence; train with data.mode = "sentence" for rescoring'
+            f"the model was trained in stream mode: held-out perplexity {held['stream_ppl']:.2f} as a stream, "
+            f"{held['ppl']:.2f} sentence by sentence; rescore with the state carried across a document's utterances "
+            "(lm-rescore tune/nbest --context) to get the stream's figure"
         )
     return out

@@ -28,7 +28,7 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from lmserve.core.atomic import atomic_write_text
-from lmserve.training.batching import Batch, SentenceBatches, StreamBatches
+from lmserve.training.batching import Batch, SentenceBatches, StreamBatches, sentence_start_id
 from lmserve.training.checkpoint import (
     CheckpointError,
     checkpoint_name,
@@ -181,14 +181,17 @@ def load_data(cfg: Config, vocab: Vocabulary, run_dir: Path) -> Data:
     return Data(corpus("train"), corpus("valid"), corpus("test"))
 
 
-def make_batcher(cfg: Config, corpus: EncodedCorpus, vocab: Vocabulary, training: bool):
+def make_batcher(
+    cfg: Config, corpus: EncodedCorpus, vocab: Vocabulary, training: bool, trained_mode: str | None = None
+):
+    """Batches of ``cfg.data.mode``; ``trained_mode`` (default the same) decides how sentences start."""
     t = cfg.train
     size = t.batch_size if training else t.eval_batch_size
     if cfg.data.mode == "stream":
         return StreamBatches(corpus, vocab.eos_id, size, t.bptt)
     return SentenceBatches(
         corpus,
-        vocab.bos_id,
+        sentence_start_id(trained_mode or cfg.data.mode, vocab),
         vocab.eos_id,
         size,
         shuffle=training,

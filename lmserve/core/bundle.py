@@ -65,6 +65,9 @@ graphs              {"sentences", "step", "step_full"}: file names; "sentences_o
 spelling            optional, for heads whose output vectors come from characters (charcnn, cnnsoftmax):
                     {"chars": the characters by id, "first_char_id", "max_chars", "pad", "bow", "eow"}; with it
                     the scorer can score words outside the vocabulary from their spelling (``Scorer(open_vocab=True)``)
+sentence_start      optional: "</s>" for a model trained in stream mode (it read the </s> of the sentence before,
+                    never <s>): every scorer starts a sentence, and a decoder its first step, with that token;
+                    absent: "<s>"
 opset               ONNX opset of the graphs
 quantization        null, or "int8-dynamic" (weights int8, activations quantised on the fly)
 weights             optional: {"file": "weights.bin", "storage": "fp32" | "fp16" | "int8"}: the graphs keep their

@@ -53,6 +53,7 @@ from lmserve.rescoring.commands.shards import (
     shard_record,
     write_report,
 )
+from lmserve.rescoring.context import CONTEXTS
 from lmserve.rescoring.features import check_features
 from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint, write_cache
 from lmserve.rescoring.nbest import (
@@ -245,6 +246,8 @@ def _list_conflicts(args) -> str | None:
         return f"--device {args.device} with --server: the server's config (server.device) says where its models run"
     if args.server and args.precision != "fp32":
         return f"--precision {args.precision} with --server: the server's config (models.NAME.precision) says how"
+    if args.context and args.shard:
+        return f"--context {args.context} with --shard: a shard would start its documents from a fresh state"
     return precision_conflict(args)
 
 
@@ -288,6 +291,13 @@ def _model_arguments(parser: argparse.ArgumentParser, from_weights: bool = False
         + ("; nbest: several, comma-separated (a fleet; see --concurrency)" if from_weights else ""),
     )
     parser.add_argument("--server-model", help=f"the served model (default: the server's default){default}")
+    parser.add_argument(
+        "--context",
+        choices=CONTEXTS,
+        help="document context: the neural LM reads the earlier utterances of each document (their first-pass "
+        "1-best; nbest rescores again with its own choices) before scoring the next; documents by list order or by "
+        f"utterance id (SPEAKER-CHAPTER-UTT); needs a bundle trained in stream mode (docs/rescoring.md){default}",
+    )
     parser.add_argument("--server-ca", type=Path, help="PEM file of the CA of a TLS server (implies TLS)")
 
 
@@ -317,6 +327,7 @@ def _language_models(args, saved: dict, weights: Path | None = None, setup: Setu
     ``setup`` (``nbest``) a fleet of them, answering ``RescoreNBest`` with the LM features of whole lists."""
     local = [name for name in ("lm", "ngram", "normalize") if getattr(args, name)]
     server = args.server or (None if local else saved.get("server"))
+    context = args.context or saved.get("context")
     if server is None:
         try:
             return LanguageModels.load(
@@ -326,6 +337,7 @@ def _language_models(args, saved: dict, weights: Path | None = None, setup: Setu
                 args.threads,
                 device=args.device,
                 precision=args.precision,
+                context=context,
             )
         except (ValueError, OSError, NgramError) as e:
             if weights is None or (args.lm and args.ngram):
@@ -333,6 +345,8 @@ def _language_models(args, saved: dict, weights: Path | None = None, setup: Setu
             raise ValueError(f"{weights}: the models it names: {e}") from e
     if local:
         raise ValueError(f"--server scores with the served model's LMs and text settings: leave out --{local[0]}")
+    if context:
+        raise ValueError("--context scores with a local bundle: leave out --server")
     model = args.server_model or saved.get("model", "")
     if setup is not None:
         from lmserve.rescoring.commands.fleet import Fleet, FleetLanguageModels, parse_targets
@@ -489,6 +503,10 @@ def run_nbest(args) -> int:
     leakage = None if args.no_metrics else _overlap_check(args, models, nbest)
     lm_scores = models.scores(nbest, _cache_path(args, shard), progress=not args.quiet)
     ranked, chosen = reranked(nbest, setup, lm_scores)
+    if getattr(models, "context", None):  # again, the LM reading what this pass chose instead of the 1-best
+        history = [e.hypotheses[i].text for e, i in zip(nbest.entries, chosen, strict=True)]
+        lm_scores = models.scores(nbest, None, progress=not args.quiet, history=history)
+        ranked, chosen = reranked(nbest, setup, lm_scores)
     write_nbest(ranked, args.out, out_format)
     if args.no_metrics and not shard:
         print(f"{nbest.name}: {len(nbest)} lists reranked -> {args.out}")

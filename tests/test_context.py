@@ -1,0 +1,145 @@
+"""Document context: a stream-trained bundle starts sentences with </s>, scores a document's utterances from the state
+its earlier utterances left, and ``lm-rescore tune/nbest --context`` carry that state through lists."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from lmserve.core.bundle import Bundle
+from lmserve.rescoring.commands.cli import main as rescore_main
+from lmserve.rescoring.context import document_keys, score_from_states, states_before
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.scorer import EOS, Scorer
+from tests.conftest import fit_and_export, tiny_config_text, write_corpus
+
+TOPICS = [f"t{i}" for i in range(6)]
+
+
+def topic_documents(n_docs: int, seed: int) -> list[list[str]]:
+    """Documents whose sentences all start with the document's topic word: only the earlier sentences tell which."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        topic = rng.choice(TOPICS)
+        docs.append([f"{topic} w{rng.randrange(4)}" for _ in range(rng.randint(4, 8))])
+    return docs
+
+
+@pytest.fixture(scope="module")
+def stream_bundle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("context")
+    corpus = {
+        name: write_corpus(root / f"{name}.txt", [s for doc in topic_documents(n, seed) for s in doc])
+        for name, n, seed in (("train", 300, 1), ("valid", 20, 2), ("test", 20, 3))
+    }
+    text = tiny_config_text(
+        corpus,
+        "stream",
+        "full",
+        model={"embedding_size": 24, "hidden_size": 32, "layers": 1, "dropout": 0.0},
+        train={"epochs": 12, "batch_size": 8, "bptt": 12},
+    )
+    return fit_and_export(root, "stream", text)[1]
+
+
+def test_a_stream_bundle_starts_sentences_with_the_end_of_the_one_before(stream_bundle):
+    assert Bundle.load(stream_bundle).manifest["sentence_start"] == "</s>"
+    assert Scorer(stream_bundle, threads=1).start_id == EOS
+
+
+def test_scores_in_context_are_the_scores_of_the_document_read_as_one_stream(stream_bundle):
+    """The sentences graph from the carried state gives what the step graph gives reading the whole document."""
+    scorer = Scorer(stream_bundle, threads=1)
+    doc = ["t3 w1", "t3 w0", "t3 w2"]
+    h, c = states_before(scorer, [""] * len(doc), doc)
+    in_context = score_from_states(scorer, [[s] for s in doc], h, c)
+    h1, c1 = scorer.zero_state(1)
+    prev = scorer.start_id
+    for sentence, scored in zip(doc, in_context, strict=True):
+        ids = [*scorer.encode(sentence)[1], EOS]
+        stepped = []
+        for token in ids:
+            scores, h1, c1 = scorer.next_word_scores(np.array([prev]), h1, c1, np.array([[token]]))
+            stepped.append(scores[0, 0])
+            prev = token
+        np.testing.assert_allclose(scored[0].token_logprobs, stepped, atol=1e-4)
+    fresh = scorer.score([doc[-1]])[0].logprob
+    assert in_context[-1][0].logprob != pytest.approx(fresh, abs=1e-3)  # the context changed the scores
+
+
+def test_documents_by_id_and_by_order():
+    entries = [NBestEntry(i, [Hypothesis("a")]) for i in ("84-121-0001", "84-121-0002", "85-7-0001")]
+    assert document_keys(NBestList(entries), "id") == ["84-121", "84-121", "85-7"]
+    assert document_keys(NBestList(entries), "order") == ["", "", ""]
+    with pytest.raises(ValueError, match="no '-'"):
+        document_keys(NBestList([NBestEntry("utt1", [Hypothesis("a")])]), "id")
+
+
+def write_topic_list(path, docs: list[list[str]], seed: int) -> None:
+    """JSONL lists whose 1-best names the wrong topic in every second utterance; the right one is second."""
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for d, doc in enumerate(docs):
+            for u, sentence in enumerate(doc):
+                words = sentence.split()
+                wrong = " ".join([rng.choice([t for t in TOPICS if t != words[0]]), *words[1:]])
+                hyps = [wrong, sentence] if u % 2 else [sentence, wrong]
+                rows = [{"text": t, "features": {"score": -float(i)}} for i, t in enumerate(hyps)]
+                f.write(json.dumps({"id": f"doc{d}-{u:03d}", "hypotheses": rows, "references": [sentence]}) + "\n")
+
+
+def test_tune_and_nbest_carry_the_context_through_documents(stream_bundle, tmp_path, capsys):
+    dev, test = tmp_path / "dev.jsonl", tmp_path / "test.jsonl"
+    write_topic_list(dev, topic_documents(12, 5), 7)
+    write_topic_list(test, topic_documents(12, 6), 8)
+    for context, name in ((["--context", "id"], "ctx"), ([], "plain")):
+        weights = tmp_path / f"{name}.weights.json"
+        common = ["--features", "score,neural", "--fixed", "score"]
+        assert (
+            rescore_main(
+                [
+                    "tune",
+                    str(dev),
+                    "--metric",
+                    "wer",
+                    "--lm",
+                    str(stream_bundle),
+                    *common,
+                    *context,
+                    "--out",
+                    str(weights),
+                ]
+            )
+            == 0
+        )
+        assert (json.loads(weights.read_text())["setup"].get("context") == "id") == bool(context)
+        report = tmp_path / f"{name}.report.json"
+        assert (
+            rescore_main(
+                [
+                    "nbest",
+                    str(test),
+                    "--weights",
+                    str(weights),
+                    "--out",
+                    str(tmp_path / f"{name}.jsonl"),
+                    "--report",
+                    str(report),
+                ]
+            )
+            == 0
+        )
+    capsys.readouterr()
+    wer = {n: json.loads((tmp_path / f"{n}.report.json").read_text())["rescored"]["wer"] for n in ("ctx", "plain")}
+    assert wer["ctx"] < wer["plain"], wer
+
+
+def test_context_refuses_shards(stream_bundle, tmp_path, capsys):
+    listed = tmp_path / "l.jsonl"
+    write_topic_list(listed, topic_documents(2, 1), 1)
+    args = ["tune", str(listed), "--metric", "wer", "--lm", str(stream_bundle), "--features", "score,neural"]
+    with pytest.raises(SystemExit) as stop:
+        rescore_main([*args, "--context", "order", "--shard", "1/2", "--out", str(tmp_path / "w.json")])
+    assert stop.value.code == 2 and "--context order with --shard" in capsys.readouterr().err
