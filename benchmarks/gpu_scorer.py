@@ -32,9 +32,8 @@ What must be true on the machine for ``--device cuda`` (the default):
 - onnxruntime-gpu in place of onnxruntime (``pip uninstall -y onnxruntime && pip install 'lmserve[gpu]'``), with the
   CUDA and cuDNN libraries that onnxruntime-gpu version was built for: ``CUDAExecutionProvider`` must be in
   ``onnxruntime.get_available_providers()`` and a session must keep it (the scorer checks both and stops at once,
-  saying which failed). The lent H100 machines have torch 2.11 and the CPU onnxruntime only, reach no package
-  index, and a run carries at most 64 MiB (the onnxruntime-gpu wheel is 255 MB): benchmarks/gpu_carry.py packs it,
-  trimmed to the GPU's architecture, in two carries, and benchmarks/gpu_scorer.sh installs it and runs this;
+  saying which failed); with the CUDA libraries of torch's ``nvidia-*`` wheels, their ``lib`` folders on
+  ``LD_LIBRARY_PATH`` before Python starts (docs/bundles.md, "GPU scoring");
 - torch (``benchmarks.common.write_result`` records the machine, the GPU's name through torch) and ``nvidia-smi``;
 - the bundle (``--bundle``, default ``var/bundles/demo``, 23 MB: carry it) and the lists (``--list``, default the
   shared ``librispeech-nbest/dev_other.tar.gz``, 5.5 MB: copy it into the tree and pass ``--list``).
