@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup kenlm test lint demo clean proto
 
-# Idempotent: re-runs only when pyproject.toml changes. torch is pinned to the CPU build 2.13.0 in pyproject.toml.
+# Idempotent: re-runs only when pyproject.toml changes. torch: the CPU build 2.13.0, installed first (pyproject.toml says why).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet 'torch==2.13.0'  # the CPU build, before the train extra's range can take a CUDA one
 	$(PY) -m pip install --quiet -e '.[dev,decoders]'
 	$(PY) -m pip install --quiet --no-deps 'pyctcdecode==0.5.0'  # pyproject.toml's decoders extra says why
 	touch $(STAMP)
