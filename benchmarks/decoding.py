@@ -1,6 +1,6 @@
-"""What the decoding benchmarks share (decode_parity, decode_synthetic, beam_step_load, state_cache_soak): the English
-LM (a word bundle, its 4-gram on the same vocabulary, LibriSpeech text form), LibriSpeech dev references, a server
-config for it, and the server's CPU time and memory read from /proc.
+"""What the decoding benchmarks share (decode_synthetic, beam_step_load, state_cache_soak): the English LM (a word
+bundle, its 4-gram on the same vocabulary, LibriSpeech text form), LibriSpeech dev references, a server config for
+it, and the server's CPU time and memory read from /proc.
 
 The model: ``var/bundles/english_lm`` (``--bundle``), ``var/ngrams/english_4gram.bin`` (``--ngram``), normaliser
 preset ``librispeech`` (upper case, punctuation stripped: LibriSpeech's own form), interpolation λ = 0.5 unless a

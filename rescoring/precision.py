@@ -15,8 +15,9 @@ each graph as a scorer loads it (:func:`half_graph`). Everything becomes float16
 
 The price is a bound instead of parity, which only a GPU measures: ``benchmarks/gpu_scorer.py``'s
 ``fp16_token_max_abs_diff``, held to :data:`TOKEN_BOUND` (tests/test_scorer_gpu.py, the benchmark). The CPU shows
-the part that comes from float16 weights (``benchmarks/fp16_rounding.py``: its provider widens every float16 node and
-drops the round trips it can). On the CPU fp16 is refused: there it is float32 between casts, slower.
+the part that comes from float16 weights (``fp16_rounding.json``, docs/benchmarks/scorer.md: its provider widens
+every float16 node and drops the round trips it can). On the CPU fp16 is refused: there it is float32 between casts,
+slower.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import onnxruntime as ort
 PRECISIONS = ("fp32", "fp16")
 # How far a token's score may be from the CPU scorer's float32 one, in nats, for each precision on a GPU: float32 (TF32
 # off) is parity; float16's is the stated bound (the tiny test models' worst case; the English LM's shapes: 0.042 on an
-# H200, benchmarks/gpu_scorer.py, of which float16 weights alone give 0.012 on the CPU, benchmarks/fp16_rounding.py)
+# H200, benchmarks/gpu_scorer.py, of which float16 weights alone give 0.012 on the CPU, fp16_rounding.json)
 TOKEN_BOUND = {"fp32": 1e-4, "fp16": 0.05}
 FLOAT32_OPS = ["LogSoftmax"]
 ONNX_FIX = "pip install 'lmserve[gpu]' (it brings onnx, which converts the graphs)"

@@ -1,8 +1,8 @@
 """torchrun data parallelism on CPU (gloo): real launcher, real processes, real collectives.
 
 Two ranks must train the model one process trains on the same global batch, evaluate to the same perplexity, come
-back from a killed rank with ``--max-restarts`` where the uninterrupted run ends, and meet across two "machines"
-(torchrun's c10d rendezvous on 127.0.0.1)."""
+back from a killed rank (``--max-restarts`` or ``--resume``) where the uninterrupted run ends, and meet across two
+"machines" (torchrun's c10d rendezvous on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, make_sentences, tiny_config_text, write_corpus
 from safetensors.torch import load_file
 
-from benchmarks.torchrun import lm_train_fit, run_fit, worker_pid
+from benchmarks.torchrun import TORCHRUN, lm_train_fit, run_fit, worker_pid
 
 
 @pytest.fixture(scope="module")
@@ -150,11 +150,16 @@ def test_two_machines_meet_through_c10d_rendezvous(tmp_path, corpus):
     assert max_relative_difference(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-5
 
 
-def test_a_killed_rank_restarts_under_max_restarts_and_ends_like_the_uninterrupted_run(tmp_path, corpus):
+@pytest.mark.parametrize("how", ["max-restarts", "resume"])
+def test_a_killed_rank_comes_back_and_ends_like_the_uninterrupted_run(tmp_path, corpus, how):
+    """Rank 1 killed with -9 in epoch 2: torchrun ``--max-restarts=1`` restarts both ranks from the last checkpoint
+    by itself (``--auto-resume``); without it torchrun stops rank 0 too, and ``lm-train fit --resume RUN`` under
+    torchrun goes on. Either way the run ends where the uninterrupted one does."""
     cfg = config(tmp_path, corpus, "stream", "full", train={"epochs": 3, "log_interval": 1})
     uninterrupted = torchrun(cfg, tmp_path / "whole")
     run = tmp_path / "killed"
-    proc = torchrun(cfg, run, "--standalone", "--max-restarts=1", wait=False)
+    launcher = ["--standalone", "--max-restarts=1"] if how == "max-restarts" else ["--standalone"]
+    proc = torchrun(cfg, run, *launcher, wait=False)
     log, killed, deadline = run / "metrics.jsonl", False, time.monotonic() + 240
     while not killed and time.monotonic() < deadline and proc.poll() is None:
         events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -165,7 +170,13 @@ def test_a_killed_rank_restarts_under_max_restarts_and_ends_like_the_uninterrupt
                 killed = True
         time.sleep(0.02)
     out, _ = proc.communicate(timeout=300)
-    assert killed and proc.returncode == 0, out[-3000:]
+    assert killed, out[-3000:]
+    if how == "max-restarts":
+        assert proc.returncode == 0, out[-3000:]
+    else:
+        assert proc.returncode != 0, out[-3000:]
+        fit = ["-m", "lmserve.training.cli", "fit", "--resume", str(run)]
+        run_fit([*TORCHRUN, "--standalone", "--nproc-per-node=2", *fit], run, log_name="resumed")
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["checkpoint"] for e in events if e["event"] == "resume"] == ["ckpt-001-000000"]
     resumed = json.loads((run / "results.json").read_text())

@@ -7,17 +7,14 @@ before any work. The GPU's own parity is in tests/test_scorer_gpu.py."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import make_sentences, sentence_batch
+from conftest import sentence_batch
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
 from lmserve.rescoring.commands.cli import main as rescore_main
-from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
 from lmserve.rescoring.precision import FLOAT32_OPS, TOKEN_BOUND, PrecisionError, half_graph, without_repeated_nodes
 from lmserve.rescoring.scorer import Scorer
 from lmserve.server.config import ConfigError, load_config
@@ -122,16 +119,3 @@ def test_a_models_precision_is_checked_with_the_config_and_at_load(bundles, tmp_
         ModelSet.load(load_config(config))
     config.write_text(f'[models.m]\nbundle = "{bundle}"\nprecision = "fp32"\n')
     assert ModelSet.load(load_config(config)).get("m").lm.scorer.precision == "fp32"
-
-
-def test_the_rounding_benchmark_runs_on_a_tiny_bundle(bundles, tmp_path):
-    from benchmarks.fp16_rounding import main
-
-    sentences = make_sentences(40, seed=5)
-    lists = [NBestEntry(str(i), [Hypothesis(s) for s in sentences[i : i + 10]]) for i in range(0, 40, 10)]
-    write_nbest(NBestList(lists), tmp_path / "lists.jsonl", "jsonl")
-    argv = ["--bundle", str(bundles[("adaptive", 0.0)][1]), "--list", str(tmp_path / "lists.jsonl"), "--threads", "1"]
-    result = main([*argv, "--results", str(tmp_path / "results")])
-    metrics = json.loads((tmp_path / "results" / "fp16_rounding.json").read_text())["metrics"]
-    assert metrics == result["metrics"] and metrics["tokens"] == sum(len(s.split()) + 1 for s in sentences)
-    assert 0 < metrics["token_max_abs_diff"] <= TOKEN_BOUND["fp16"] and 0 <= metrics["lm_best_agreement"] <= 1

@@ -24,8 +24,8 @@ The search itself is not sharded: it reads every utterance's features at once, a
 ``merge`` refuses a missing or duplicated shard, shards of different runs (naming the first field of the identity
 that differs), and an output that is not the one the shard wrote (its size or sha256 differ: truncated, or written
 over since). A shard's LM scores are the scores the whole run computes: the neural LM scores a list the same
-whichever lists share its batch (measured bitwise on dev_other; the tests and ``benchmarks/shard_merge.py`` compare
-the merged list with one run's, byte for byte).
+whichever lists share its batch (measured bitwise on dev_other; the tests compare the merged list with one run's,
+byte for byte).
 """
 
 from __future__ import annotations

@@ -21,5 +21,5 @@ while it is, as written, the prefix of some vocabulary word and ``unk_score_offs
 rule for KenLM; flashlight uses its own lexicon lookahead).
 The end of the utterance adds ``</s>``. (flashlight's lexicon-free decoder gives the LM every token it emits, which
 fits a word-level LM only when the decoder's tokens are words: with characters or pieces, use the lexicon decoder.) Summed along a decoded path, the adapter's scores therefore equal
-``lm-rescore score`` of the decoded sentence (benchmarks/decode_parity.py checks it to 1e-4).
+``lm-rescore score`` of the decoded sentence (tests/test_decoders.py checks it to 1e-4).
 """
