@@ -1,46 +1,46 @@
-"""Fuzzed requests against lm-serve: no crash, the right status codes -> serve_fuzz.json
+"""Fuzzed requests against lm-serve: no crash, and every answer's status code one its kind of request may get.
 
-    python -m benchmarks.serve_fuzz [--requests 3000] [--seed 0] [--engine processes|threads]
-
-Our own generator (the hypothesis library is not a dependency): each request is drawn from a family of malformed or
-odd input with the status codes it may get. Families: empty lists and strings, huge requests (too many sentences,
-words, lists, candidates, bytes), invalid UTF-8 and random bytes instead of a message, NaN and infinite weights and
-features, unknown models, profiles and features, broken feature definitions, λ out of range, wrong decoder state
-tokens (random, cut, bit-flipped, from another model's bundle fingerprint), bad candidates, and valid requests with
-random Unicode text (control characters, emoji, right-to-left, very long words), which must be answered. Requests go
-out from 4 concurrent callers to the LibriSpeech rescoring server (2 scoring processes, as ``serve_load`` measures it;
-``--engine threads``: 2 scoring threads -> serve_fuzz_threads.json).
-
-Recorded: counts per status code (overall and per family), every answer outside its family's expected codes, whether
-the server stayed up (health SERVING, same process), and its log's internal errors.
+Our own generator (it needs no hypothesis strategies for protobuf messages): each request is drawn from a family of
+malformed or odd input with the status codes it may get. Families: empty lists and strings, huge requests (too many
+sentences, words, lists, candidates, bytes), invalid UTF-8 and random bytes instead of a message, NaN and infinite
+weights and features, unknown models, profiles and features, broken feature definitions, λ out of range, wrong
+decoder state tokens (random, cut, bit-flipped, from another model's bundle fingerprint), bad candidates, and valid
+requests with random Unicode text (control characters, emoji, right-to-left, very long words), which must be
+answered. Requests go out from 4 concurrent callers to a server with a tiny bundle, its 3-gram and a tuned weights
+profile, whose scoring runs in processes or in threads (``server.engine``); afterwards the server is still SERVING,
+logged no error and no traceback, and stops cleanly.
 """
 
-from __future__ import annotations
-
-import argparse
 import asyncio
 import random
-import tempfile
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 import grpc
+import numpy as np
+import pytest
+from conftest import make_sentences, running_lm_serve
 
-from benchmarks.common import write_result
-from benchmarks.serve_harness import DEV_OTHER, PROFILE, ServerSettings, start_server
 from lmserve.rescoring.client import LMServeClient, hypothesis_list
-from lmserve.rescoring.nbest import read_nbest
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.ngram import build_ngram
+from lmserve.rescoring.rescore import LanguageModels, Setup, setup_record, tune
+from lmserve.rescoring.tune import write_weights
 from lmserve.v1 import lmserve_pb2 as pb
+
+pytestmark = pytest.mark.slow  # a server process and a thousand calls
+
+REQUESTS = 600
 
 OK, INVALID, EXHAUSTED, NOT_FOUND = "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "NOT_FOUND"
 LIMITS = {
-    "max_sentences": 1000,
+    "max_sentences": 100,
     "max_words": 200,
-    "max_lists": 500,
-    "max_candidates": 1000,
-    "max_message_bytes": 16 << 20,
+    "max_lists": 50,
+    "max_candidates": 100,
+    "max_message_bytes": 1 << 20,
 }
+MODEL, PROFILE = "fuzzed", "dev"
 ODD_TEXT = [
     "",
     " ",
@@ -98,7 +98,7 @@ class Fuzzer:
     def nbest(
         self, weights: dict | None = None, lists: list | None = None, profile: str = PROFILE, **fields
     ) -> pb.RescoreNBestRequest:
-        request = pb.RescoreNBestRequest(model="librispeech", **fields)
+        request = pb.RescoreNBestRequest(model=MODEL, **fields)
         request.lists.extend(lists if lists is not None else self.rng.sample(self.lists, self.rng.randint(1, 3)))
         if weights is None:
             request.combination.profile = profile
@@ -106,13 +106,11 @@ class Fuzzer:
             request.combination.weights.update(weights)
         return request
 
-    def sentences(self, sentences: list[str], model: str = "librispeech") -> bytes:
+    def sentences(self, sentences: list[str], model: str = MODEL) -> bytes:
         return pb.ScoreSentencesRequest(model=model, sentences=sentences).SerializeToString()
 
     def step(self, state: bytes, candidates: list[str], **fields) -> bytes:
-        return pb.ScoreNextWordsRequest(
-            model="librispeech", state=state, candidates=candidates, **fields
-        ).SerializeToString()
+        return pb.ScoreNextWordsRequest(model=MODEL, state=state, candidates=candidates, **fields).SerializeToString()
 
     # -- families ------------------------------------------------------------------------------------------------
 
@@ -137,7 +135,7 @@ class Fuzzer:
         return self.rng.choice(
             [
                 ("ScoreSentences", self.sentences([word] * (LIMITS["max_sentences"] + 1)), {EXHAUSTED}),
-                ("ScoreSentences", self.sentences([" ".join([word] * self.rng.randint(201, 5000))]), {EXHAUSTED}),
+                ("ScoreSentences", self.sentences([" ".join([word] * self.rng.randint(LIMITS["max_words"] + 1, 5000))]), {EXHAUSTED}),
                 ("ScoreSentences", self.sentences(["x" * (LIMITS["max_message_bytes"] + 1)]), {EXHAUSTED}),
                 ("RescoreNBest", self.nbest(lists=self.lists[:1] * (LIMITS["max_lists"] + 1)).SerializeToString(),
                  {EXHAUSTED}),
@@ -174,7 +172,7 @@ class Fuzzer:
     def f_unknown_names(self):
         return self.rng.choice(
             [
-                ("ScoreSentences", self.sentences(["HELLO"], model=self.text(2) or "x"), {NOT_FOUND}),
+                ("ScoreSentences", self.sentences(["w1"], model=self.text(2) or "x"), {NOT_FOUND}),
                 ("GetModelInfo", pb.GetModelInfoRequest(model="nope").SerializeToString(), {NOT_FOUND}),
                 ("RescoreNBest", self.nbest(profile="no_such_profile").SerializeToString(), {NOT_FOUND}),
                 ("RescoreNBest", self.nbest({"score": 1.0, "acoustic": 1.0}).SerializeToString(), {INVALID}),
@@ -219,8 +217,8 @@ class Fuzzer:
 
     def f_valid_lists(self):
         lists = [pb.HypothesisList() for _ in range(2)]
-        for target in lists:
-            target.CopyFrom(self.rng.choice(self.lists))
+        for target, source in zip(lists, self.rng.sample(self.lists, 2), strict=True):  # (ids are unique in a call)
+            target.CopyFrom(source)
             target.hypotheses[0].text = self.text()
         weights = self.rng.choice([None, {"score": 1.0, "neural": self.rng.uniform(-1, 1), "length": -1.0}])
         return "RescoreNBest", self.nbest(weights, lists=lists).SerializeToString(), {OK}
@@ -246,61 +244,53 @@ async def fire(address: str, fuzzer: Fuzzer, count: int, callers: int) -> list[t
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--engine",
-        choices=["processes", "threads"],
-        default="processes",
-        help="server.engine (threads: -> serve_fuzz_threads.json)",
-    )
-    args = parser.parse_args()
-    nbest = read_nbest(DEV_OTHER)
-    lists = [hypothesis_list(e) for e in nbest.entries[:200]]
+def scored_lists(n: int, seed: int) -> NBestList:
+    """Each reference and 3 copies with one word replaced, under a noisy first-pass ``score``."""
+    rng = np.random.default_rng(seed)
+    entries = []
+    for i, ref in enumerate(make_sentences(n, seed=seed)):
+        texts = [ref]
+        for _ in range(3):
+            words = ref.split()
+            words[int(rng.integers(len(words)))] = f"w{int(rng.integers(20, 40))}"
+            texts.append(" ".join(words))
+        entries.append(NBestEntry(f"u{i}", [Hypothesis(t, {"score": float(rng.normal())}) for t in texts], [ref]))
+    return NBestList(entries, f"lists{seed}")
+
+
+@pytest.fixture(scope="module")
+def served(bundles, tmp_path_factory):
+    """A config with the tiny full-softmax bundle, a 3-gram on its training text, λ and a weights profile."""
+    root = tmp_path_factory.mktemp("fuzz")
+    build_ngram((s.split() for s in make_sentences(300, seed=1)), 3, root / "train3", discount_fallback=True)
+    bundle = bundles[("full", 0.0)][1]
+    models = LanguageModels.load(bundle, root / "train3.bin", threads=1)
+    dev = scored_lists(20, 11)
+    setup = Setup.parse("score,neural,ngram,interp,length")
+    tuned = tune(dev, setup, models.scores(dev), "wer", "score", (0.4,), restarts=1)
+    write_weights(root / "dev.weights.json", tuned.result, setup_record(models, tuned.setup))
+    limits = "".join(f"{k} = {v}\n" for k, v in LIMITS.items())
+    model = f'[models.{MODEL}]\nbundle = "{bundle}"\nngram = "train3.bin"\nlambda = 0.4\n'
+    profiles = f'[models.{MODEL}.profiles]\n{PROFILE} = "dev.weights.json"\n'
+    return root, f"[limits]\n{limits}\n{model}{profiles}", scored_lists(40, 12)
+
+
+@pytest.mark.parametrize("engine", ["processes", "threads"])
+def test_fuzzed_requests_get_their_codes_and_the_server_stays_up(served, engine):
+    root, models, nbest = served
+    lists = [hypothesis_list(e) for e in nbest.entries]
     for message in lists:
         del message.references[:]
-    vocab = sorted({w for e in nbest.entries[:200] for w in e.references[0].split()})
-    settings = ServerSettings(engine=args.engine)
-    with tempfile.TemporaryDirectory() as tmp, start_server(Path(tmp), settings) as server:
+    vocab = sorted({w for e in nbest.entries for w in e.references[0].split()})
+    config = f'[server]\nworkers = 2\nengine = "{engine}"\n\n{models}'
+    with running_lm_serve(root, config, log=f"{engine}.log") as server:
         with LMServeClient(server.address, timeout=60) as client:
-            state = client.score_next_words(["THE"], model="librispeech").words[0].state
-            results = asyncio.run(
-                fire(server.address, Fuzzer(random.Random(args.seed), lists, state, vocab), args.requests, 4)
-            )
-            health = client.health()
-            alive = server.proc.poll() is None
-        exit_code = server.stop()
-        internal = [r for r in server.records if r.get("level") in ("error", "raw")]
-    codes = Counter(code for _, code, _ in results)
-    by_family: dict[str, Counter] = defaultdict(Counter)
-    unexpected = Counter()
-    for family, code, expected in results:
-        by_family[family][code] += 1
-        if code not in expected:
-            unexpected[f"{family}: {code}"] += 1
-    metrics = {
-        "requests": len(results),
-        "unexpected_codes": sum(unexpected.values()),
-        "internal_errors": codes.get("INTERNAL", 0) + codes.get("UNKNOWN", 0),
-        "crashed": int(not alive),
-        "serving_after": int(health == "SERVING"),
-        "error_log_lines": len(internal),
-        "exit_code": exit_code,
-    }
-    write_result(
-        "serve_fuzz" if args.engine == "processes" else f"serve_fuzz_{args.engine}",
-        metrics,
-        seed=args.seed,
-        codes=dict(codes),
-        codes_by_family={f: dict(c) for f, c in sorted(by_family.items())},
-        unexpected=dict(unexpected),
-        error_log_sample=internal[:5],
-        server=settings.record(),
-    )
-    print(metrics, dict(codes))
-
-
-if __name__ == "__main__":
-    main()
+            state = client.score_next_words([vocab[0]], model=MODEL).words[0].state
+            fuzzer = Fuzzer(random.Random(0), lists, state, vocab)
+            results = asyncio.run(fire(server.address, fuzzer, REQUESTS, 4))
+            assert client.health() == "SERVING" and server.proc.poll() is None
+        raw = [r["message"] for r in server.records if r.get("level") == "raw"]
+    unexpected = Counter(f"{family}: {code}" for family, code, expected in results if code not in expected)
+    assert not unexpected, unexpected
+    assert not raw, raw[:5]  # a traceback outside the JSON log
+    assert len({family for family, _, _ in results}) == len(fuzzer.families)  # every family drawn
