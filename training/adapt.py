@@ -12,8 +12,9 @@ run's ``results.json`` (``init_from.oov``). The trainer evaluates the initial we
 saves them as the first ``best`` checkpoint, so the adapted model is never worse on the validation text than the one
 it started from: when no epoch improves, ``best`` is the initial weights.
 
-A model bundle is refused: its ONNX graphs (perhaps quantised, always traced for inference) do not give back the
-PyTorch weights exactly, nor the optimiser's view of them; the error names the checkpoint it was exported from.
+A model bundle (a release model of ``models/``) is a checkpoint too: ``training.from_bundle`` rebuilds its PyTorch
+model from the ONNX graphs' weights (fp16 or int8 storage widened back to float32) and writes it as a checkpoint,
+which goes on from here as any other; the run records the bundle (``init_from.bundle``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lmserve.core.bundle import FORMAT as BUNDLE_FORMAT
-from lmserve.core.bundle import MANIFEST_FILE
 from lmserve.training.checkpoint import CheckpointError, resolve_checkpoint
 from lmserve.training.config import Config, ConfigError, apply_overrides, config_from_dict, read_config_file
+from lmserve.training.from_bundle import checkpoint_from_bundle, is_bundle
 
 FIXED_SECTIONS = ("model", "head", "vocab")  # the checkpoint's: the config may only repeat them
 CHECKPOINT_FILES = ("config.json", "vocab.tsv", "model.safetensors")
@@ -33,18 +33,8 @@ CHECKPOINT_FILES = ("config.json", "vocab.tsv", "model.safetensors")
 def initial_checkpoint(path: str | Path) -> Path:
     """The checkpoint ``--init-from`` names: a checkpoint directory, or a run directory (its best checkpoint)."""
     path = Path(path)
-    manifest = path / MANIFEST_FILE
-    if manifest.is_file():
-        try:
-            record = json.loads(manifest.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            record = {}
-        if isinstance(record, dict) and record.get("format") == BUNDLE_FORMAT:
-            origin = (record.get("training") or {}).get("checkpoint")
-            raise CheckpointError(
-                f"--init-from {path}: a model bundle, whose ONNX graphs cannot give back the PyTorch weights exactly; "
-                "pass the checkpoint it was exported from" + (f" ({origin})" if origin else "")
-            )
+    if is_bundle(path):  # a model bundle: its weights rebuilt from its graphs into a checkpoint (training.from_bundle)
+        return checkpoint_from_bundle(path)
     ckpt = resolve_checkpoint(path, "best")
     for name in CHECKPOINT_FILES:
         if not (ckpt / name).is_file():

@@ -201,9 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--init-from",
-        metavar="CHECKPOINT",
-        help="start from this trained model (a checkpoint, or a run directory: its best one; not a bundle) instead of "
-        "random weights: its model, head and vocabulary are kept (the config's [model]/[head]/[vocab] may only agree), "
+        metavar="MODEL",
+        help="start from this trained model instead of random weights: a checkpoint, a run directory (its best one) or "
+        "a model bundle with a full or adaptive head (its weights rebuilt from its graphs, fp16/int8 storage widened "
+        "to float32); its model, head and vocabulary are kept (the config's [model]/[head]/[vocab] may only agree), "
         "new words become <unk>, the initial weights are evaluated first and stay best unless an epoch beats them",
     )
     fit.set_defaults(func=_fit)

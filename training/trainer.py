@@ -46,6 +46,7 @@ from lmserve.training.curves import MetricsLog, plot_curves
 from lmserve.training.distributed import Distributed, setup, step_seed
 from lmserve.training.evaluate import EvalResult, evaluate, flatten
 from lmserve.training.fast_step import FastStep, Router
+from lmserve.training.from_bundle import bundle_source
 from lmserve.training.model import LSTMLM
 from lmserve.training.objectives import build_objective
 from lmserve.training.prepared import SPLITS, VocabSettings, is_prepared, open_corpus, open_dataset, prepare
@@ -688,12 +689,17 @@ class Trainer:
     def _start_from(self, ckpt: Path) -> None:
         """The initial checkpoint's weights (``training.adapt``), and how much of the new text its vocabulary lacks."""
         load_weights(self.model, ckpt / "model.safetensors")
-        self.state["init_from"] = {"checkpoint": str(ckpt), "valid_ppl": None}
+        source = bundle_source(ckpt)  # a checkpoint rebuilt from a model bundle (training.from_bundle): the bundle
+        self.state["init_from"] = {"bundle": source} if source else {"checkpoint": str(ckpt)}
+        self.state["init_from"]["valid_ppl"] = None
         lacking = ", ".join(
             f"{name} {counts['oov']:,} of {counts['words']:,} ({100 * counts['oov_rate']:.2f}%)"
             for name, counts in self._oov_counts().items()
         )
-        self._say(f"init from {ckpt}: its vocabulary of {len(self.vocab):,} kept; words outside it -> <unk>: {lacking}")
+        self._say(
+            f"init from {source or ckpt}: its vocabulary of {len(self.vocab):,} kept; words outside it -> <unk>: "
+            f"{lacking}"
+        )
 
     def _oov_counts(self) -> dict[str, dict]:
         """Per split: its words, and those that are <unk> (outside the vocabulary, or written <unk> in the text)."""
@@ -796,7 +802,7 @@ class Trainer:
             "tokens_seen": st["tokens_seen"],
             "train_seconds": st["train_seconds"],
             "wall_seconds": st["wall_seconds"],
-            "tokens_per_s": st["tokens_seen"] / st["train_seconds"],
+            "tokens_per_s": st["tokens_seen"] / st["train_seconds"] if st["train_seconds"] else 0.0,  # 0 epochs: 0
             "world_size": self.dist.world,
             "valid": self._evaluate(self.valid_batches).to_dict(),
             "valid_oov_rate": self.data.valid.oov_rate,
