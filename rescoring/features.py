@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmserve.core.command import clip
 from lmserve.core.words import source_length
 from lmserve.rescoring import consensus
 from lmserve.rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, token_sums
@@ -116,7 +117,7 @@ def check_features(
             if name.startswith("consensus_") or "@" in name:
                 raise ValueError(f"feature {name!r}: expected {CONSENSUS_SYNTAX}, e.g. consensus_chrf@0.5*score")
             raise ValueError(
-                f"{nbest.name or 'n-best list'}: unknown feature {name!r}; the list carries {sorted(carried)}, "
+                f"{nbest.name or 'n-best list'}: unknown feature {clip(name)}; the list carries {_names(carried)}, "
                 f"the LMs give {list(LM_FEATURES)}, the list itself {[*LIST_FEATURES, CONSENSUS_SYNTAX]}, "
                 f"definitions give {sorted(definitions)}"
             )
@@ -126,7 +127,7 @@ def check_features(
         if name in carried and not computed:
             used.append(name)
     for i, entry in enumerate(nbest):
-        where = f"{nbest.name or 'lists'}[{i}] (id {entry.id!r})"
+        where = f"{nbest.name or 'lists'}[{i}] (id {clip(entry.id)})"
         if "src_ratio" in wanted and entry.source is None:
             raise ValueError(
                 f"{entry.origin or where}: feature 'src_ratio' needs the source sentence (NBestEntry.source, the "
@@ -135,7 +136,7 @@ def check_features(
         for k, hyp in enumerate(entry.hypotheses):
             if missing := [name for name in used if name not in hyp.features]:
                 raise ValueError(
-                    f"{hyp.origin or f'{where}.hypotheses[{k}]'}: no feature {missing[0]!r}, which the weights use "
+                    f"{hyp.origin or f'{where}.hypotheses[{k}]'}: no feature {clip(missing[0])}, which the weights use "
                     f"and other hypotheses have; expected every hypothesis to carry it (lm-rescore: "
                     f"--feature-default {missing[0]}=VALUE)"
                 )
@@ -146,6 +147,12 @@ def check_features(
                 )
     if "interp" in wanted and lam is None:
         raise ValueError("feature 'interp' needs the interpolation weight λ")
+
+
+def _names(names: set[str], most: int = 20) -> str:
+    """The features a list carries, as a message lists them: clipped, and at most ``most`` of them."""
+    shown = [clip(name) for name in sorted(names)[:most]]
+    return "[" + ", ".join(shown) + (f", ... ({len(names)} in all)" if len(names) > most else "") + "]"
 
 
 def _known(name: str, carried: set[str], definitions: Mapping[str, Mapping[str, float]]) -> bool:
@@ -162,7 +169,7 @@ def _weighting(
         raise ValueError(f"feature {name!r}: a consensus feature cannot be weighted by consensus ({weighting!r})")
     if not _known(weighting, carried, definitions):
         raise ValueError(
-            f"feature {name!r}: no feature {weighting!r} to weight by; the list carries {sorted(carried)}, "
+            f"feature {clip(name)}: no feature {clip(weighting)} to weight by; the list carries {_names(carried)}, "
             f"the LMs give {list(LM_FEATURES)}, the list itself {list(LIST_FEATURES)}, "
             f"definitions give {sorted(definitions)}"
         )
@@ -261,7 +268,7 @@ class _Columns:
             log_weights = spec.scale * self.feature(spec.weighting)
             if not np.all(np.isfinite(log_weights)):
                 raise ValueError(
-                    f"list {self.entry.id!r}: feature {name!r}: {spec.weighting!r} has values that are not finite "
+                    f"list {clip(self.entry.id)}: feature {name!r}: {spec.weighting!r} has values that are not finite "
                     f"({log_weights[~np.isfinite(log_weights)][0] / spec.scale}); expected finite scores to weight by"
                 )
         votes = [h.features.get(VOTES, 1.0) for h in self.hypotheses]

@@ -14,6 +14,11 @@ best mixture, which is at least as good as the best single component on that tex
 The components must score the same events for the mixture to be a distribution: the same tokens (``--normalize``,
 ``--like`` as when they were built) and, ideally, the same vocabulary; a word one component lacks is scored by its
 ``<unk>``. Building every component ``--like`` the same bundle maps the same words to ``<unk>`` in all of them.
+``lm-rescore ngram build`` records how its text became tokens beside the model (``MODEL.text.json``: the
+normalisation and the vocabulary it kept, :func:`text_record`); ``ngram mix`` refuses models whose records differ,
+or differ from how it reads the held-out text, and, record or not, a model that does not know most of the held-out
+words (``MAX_UNKNOWN_SHARE``): text in another form (case, punctuation) or another vocabulary, whose probabilities
+are of other events, would be mixed without a word.
 
 Mixture file (``lmserve-ngram-mix`` version 1, JSON)::
 
@@ -28,10 +33,11 @@ tuned; the sha256 says which model exactly (``sha256sum`` checks it: hashing gig
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,12 +45,16 @@ import numpy as np
 
 from lmserve.core.atomic import atomic_write_text
 from lmserve.core.bundle import sha256_file
+from lmserve.core.textnorm import TextNormalizer
 from lmserve.rescoring.ngram import BOS, NgramError, NgramLM, NgramState
 
 FORMAT = "lmserve-ngram-mix"
 FORMAT_VERSION = 1
 TOLERANCE = 1e-9  # EM stops when the mean log-likelihood per token gains less than this in an iteration
 MAX_ITERATIONS = 10_000
+TEXT_FORMAT = "lmserve-ngram-text"  # how a model's text became tokens, beside it as MODEL.text.json
+TEXT_SUFFIX = ".text.json"
+MAX_UNKNOWN_SHARE = 0.5  # of the held-out words unknown to one of the models to mix: an error
 
 
 @dataclass(frozen=True)
@@ -171,6 +181,106 @@ def load_ngram(path: str | Path) -> NgramLM | NgramMixture:
     return NgramMixture.load(path) if is_mixture_file(Path(path)) else NgramLM(path)
 
 
+def text_record(
+    normalizer: TextNormalizer, vocab: Collection[str] | None, normalize: str | None, like: str | None
+) -> dict:
+    """How text becomes a model's tokens (``ngram build``) or the held-out text's (``ngram mix``): the flags, the
+    normaliser they give, and the vocabulary other words become ``<unk>`` outside of (its sha256; None: all kept)."""
+    vocabulary = None
+    if vocab is not None:
+        vocabulary = {"size": len(vocab), "sha256": hashlib.sha256("\n".join(sorted(vocab)).encode()).hexdigest()}
+    return {
+        "format": TEXT_FORMAT,
+        "format_version": 1,
+        "normalize": normalize,
+        "like": like,
+        "text": normalizer.to_dict(),
+        "vocabulary": vocabulary,
+    }
+
+
+def text_record_path(model: str | Path) -> Path:
+    """``MODEL.text.json`` beside ``MODEL.bin``, ``MODEL.arpa`` or ``MODEL.arpa.gz``."""
+    model = Path(model)
+    name = next((model.name[: -len(s)] for s in (".arpa.gz", ".arpa", ".bin") if model.name.endswith(s)), model.name)
+    return model.with_name(name + TEXT_SUFFIX)
+
+
+def write_text_record(model: str | Path, record: dict) -> Path:
+    path = text_record_path(model)
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def read_text_record(model: str | Path) -> dict | None:
+    """The record ``ngram build`` left beside ``model``; None for a model built otherwise (or by an older build)."""
+    path = text_record_path(model)
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NgramError(f"{path}: not a record of lm-rescore ngram build ({e})") from None
+    if not isinstance(record, dict) or record.get("format") != TEXT_FORMAT:
+        raise NgramError(f"{path}: field 'format' must be {TEXT_FORMAT!r} (written by lm-rescore ngram build)")
+    return record
+
+
+def _settings(record: dict) -> str:
+    """The flags a record was made with, as a command line gives them."""
+    flags = f"--normalize {record.get('normalize') or 'none'}"
+    return flags + (f" --like {record['like']}" if record.get("like") else "")
+
+
+def _same_tokens(a: dict, b: dict) -> str | None:
+    """What differs between two text records ("text normalisation", "vocabulary"), None when nothing does."""
+    if a.get("text") != b.get("text"):
+        return "text normalisation"
+    if a.get("vocabulary") != b.get("vocabulary"):
+        return "vocabulary"
+    return None
+
+
+def check_same_tokens(paths: Sequence[str | Path], heldout: dict | None = None) -> None:
+    """Refuse models to mix whose text records (:func:`text_record`) say their tokens differ, or differ from the
+    held-out text's record ``heldout`` (how ``ngram mix`` reads it); models without a record are not compared."""
+    records = [(str(p), r) for p in paths if (r := read_text_record(p)) is not None]
+    if not records:
+        return
+    first, first_record = records[0]
+    for path, record in records[1:]:
+        if differs := _same_tokens(first_record, record):
+            raise NgramError(
+                f"--ngram {path}: built with {_settings(record)}, {first} with {_settings(first_record)}: another "
+                f"{differs}, so their probabilities are of other tokens and do not mix; build every model with the "
+                "same --normalize and --like"
+            )
+    if heldout is not None and (differs := _same_tokens(first_record, heldout)):
+        raise NgramError(
+            f"--heldout: read with {_settings(heldout)}, but the models were built with {_settings(first_record)} "
+            f"(another {differs}): give ngram mix the --normalize and --like the models were built with"
+        )
+
+
+def check_known(paths: Sequence[str | Path], oov: Sequence[int], words: int, heldout: dict) -> None:
+    """Refuse a model that does not know most of the held-out words (``MAX_UNKNOWN_SHARE``): built from text in
+    another form or over another vocabulary, it would score them all as ``<unk>`` and get a weight of about 0, or
+    the held-out text is in another form than every model's."""
+    if not words:
+        return
+    shares = [count / words for count in oov]
+    for path, share in zip(paths, shares, strict=True):
+        if share > MAX_UNKNOWN_SHARE:
+            others = ", ".join(f"{p} {s:.0%}" for p, s in zip(paths, shares, strict=True) if str(p) != str(path))
+            files = " ".join(map(str, heldout.get("files") or []))
+            raise NgramError(
+                f"--ngram {path}: {share:.0%} of the {words:,} held-out words are unknown to it (--heldout {files} "
+                f"read with {_settings(heldout)}; unknown to the others: {others}): a model of text in another form "
+                "(case, punctuation) or of another vocabulary scores other tokens; build every model, and read the "
+                "held-out text, with the same --normalize and --like"
+            )
+
+
 def best_mix(logprobs: np.ndarray) -> tuple[np.ndarray, int, bool]:
     """EM weights for the per-token natural-log probabilities ``[K models, N tokens]``, from equal weights; returns
     (weights, iterations, whether the gain per iteration fell below :data:`TOLERANCE`)."""
@@ -187,15 +297,23 @@ def best_mix(logprobs: np.ndarray) -> tuple[np.ndarray, int, bool]:
     return weights, MAX_ITERATIONS, False
 
 
-def tune_mixture(paths: list[str | Path], sentences: Iterable[list[str]], out: str | Path, heldout: dict) -> dict:
+def tune_mixture(
+    paths: list[str | Path],
+    sentences: Iterable[list[str]],
+    out: str | Path,
+    heldout: dict,
+    text: dict | None = None,
+) -> dict:
     """Tune the weights of the KenLM models at ``paths`` on the tokenised held-out ``sentences`` and write the
-    mixture file ``out``; ``heldout`` (files, normaliser) goes into it as it is. Returns what was written."""
+    mixture file ``out``; ``heldout`` (files, normaliser) goes into it as it is. ``text``: how the held-out text was
+    read (:func:`text_record`), compared with the models' records. Returns what was written."""
     out = Path(out)
     if len(paths) < 2:
         raise ValueError(f"a mixture needs at least two n-grams, got {len(paths)}")
     for path in paths:
         if is_mixture_file(Path(path)):
             raise NgramError(f"{path}: a mixture itself; mix the KenLM models it holds instead")
+    check_same_tokens(paths, text)
     models = [NgramLM(p) for p in paths]
     rows, oov, sentence_count = [], np.zeros(len(models), dtype=np.int64), 0
     for words in sentences:
@@ -205,6 +323,7 @@ def tune_mixture(paths: list[str | Path], sentences: Iterable[list[str]], out: s
     if not rows:
         raise ValueError(f"held-out text {heldout.get('files')}: no sentences to tune the weights on")
     logprobs = np.concatenate(rows, axis=1)
+    check_known(paths, oov.tolist(), int(logprobs.shape[1]) - sentence_count, heldout)
     weights, iterations, converged = best_mix(logprobs)
     mixed = NgramMixture(models, weights)._mixed(logprobs)
     record = {

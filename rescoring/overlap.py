@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lmserve.core.lines import BOM_BYTES, DAMAGED_GZIP, gzip_problem
+
 DEFAULT_N = 8
 # Warn when more than this share of the references has an n-word window in the LM text (module docstring).
 WARN_SHARE = 0.05
@@ -48,6 +50,10 @@ _MULTIPLIER = np.uint64(0x100000001B3)  # FNV's 64-bit prime: any odd multiplier
 def words_of(text: str) -> list[str]:
     """The default view of both sides: lower case, split on whitespace."""
     return text.lower().split()
+
+
+class NoReferences(ValueError):
+    """Nothing to measure: no reference has a word (an overlap of 0.00% of 0 would read as "no leak")."""
 
 
 @dataclass
@@ -159,10 +165,13 @@ class _ReferenceWindows:
 
 
 def _blocks(path: Path, view: Callable[[str], list[str]]) -> Iterator[tuple[list[str], list[int], int]]:
-    """Blocks of a text file (plain or gzipped) as (words, word offset of each line, first line number)."""
+    """Blocks of a text file (plain or gzipped) as (words, word offset of each line, first line number); a damaged
+    .gz is an error naming it, a byte-order mark is no text."""
     with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as f:
         lineno = 1
-        while raws := f.readlines(_BLOCK_BYTES):
+        while raws := _read_block(f, path, lineno - 1):
+            if lineno == 1 and raws[0].startswith(BOM_BYTES):
+                raws[0] = raws[0][len(BOM_BYTES) :]
             words: list[str] = []
             starts: list[int] = []
             for k, raw in enumerate(raws):
@@ -174,6 +183,13 @@ def _blocks(path: Path, view: Callable[[str], list[str]]) -> Iterator[tuple[list
                 words.extend(view(line))
             yield words, starts, lineno
             lineno += len(raws)
+
+
+def _read_block(f, path: Path, lines_read: int) -> list[bytes]:
+    try:
+        return f.readlines(_BLOCK_BYTES)
+    except DAMAGED_GZIP as e:
+        raise ValueError(f"{path}: {gzip_problem(e, lines_read)}") from None
 
 
 def measure(
@@ -196,6 +212,11 @@ def measure(
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such LM text file")
     ref_words = [[w.lower() for w in reference_view(r)] for r in references]
+    if not any(ref_words):
+        raise NoReferences(
+            f"no references to check against the LM text: {len(references)} given, none with a word; expected the "
+            "references of the test set"
+        )
     windows = _ReferenceWindows(ref_words, n)
     text_words = text_lines = 0
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmserve.core.command import clip
 from lmserve.core.fingerprints import fingerprints
 from lmserve.core.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring import metrics
@@ -30,6 +31,12 @@ from lmserve.rescoring.tune import TuneResult, TuningSet, tune_guarded, tune_wei
 
 MAX_UNKNOWN_SHARE = 0.5  # ``LanguageModels.check_vocabulary``: more of a list set's words unknown is an error
 VOCABULARY_SAMPLE = 2000  # hypotheses it reads (about 30 ms)
+# ``check_vocabulary``, list by list: more than MAX_UNKNOWN_SHARE of a list's words (its first hypothesis, when it
+# has at least LIST_WORDS of them) unknown makes the list one in another form; more than MAX_UNKNOWN_LISTS of the
+# lists in another form is an error (a few short lists of names are not)
+LIST_WORDS = 3
+MAX_UNKNOWN_LISTS = 0.05
+LIST_SAMPLE = 10_000  # lists it reads, spread over the set (about 0.2 s)
 RESCORE_FEATURE = "rescore"  # the combined score, added to every hypothesis of a reranked list
 
 
@@ -138,7 +145,12 @@ class LanguageModels:
         unknown to one of the LMs as normalised here; a ValueError, before any scoring, above ``max_share``: text
         in another form than the LM's (upper case for a lower-case model) makes every word <unk>, and reranking on
         such scores is noise that no figure would show. dev_other's words: 4.9% unknown to a 50k vocabulary of
-        English, 100% in the wrong case."""
+        English, 100% in the wrong case.
+
+        Then list by list (the first hypothesis of each, of at most ``LIST_SAMPLE`` lists spread over the set): a set
+        of which a third is in another form has less than half of its words unknown in all, yet those lists would be
+        scored entirely as <unk>; more than ``MAX_UNKNOWN_LISTS`` of the lists mostly unknown is the same error,
+        naming some of them."""
         texts = [h.text for entry in nbest for h in entry.hypotheses]
         memo: dict = {}
         sample = texts[:: max(1, len(texts) // VOCABULARY_SAMPLE)]
@@ -154,11 +166,31 @@ class LanguageModels:
             worst = max(worst, len(missing) / max(1, len(words)))
             if words and len(missing) > max_share * len(words):
                 form = f"--normalize {self.paths['normalize']}" if self.paths.get("normalize") else "its own text form"
+                examples = ", ".join(clip(w, quote=False) for w in sorted(set(missing))[:3])
                 raise ValueError(
                     f"{nbest.name}: {len(missing) / len(words):.0%} of the words of {len(sample)} hypotheses are "
-                    f"unknown to the {what} {path} as read with {form} (e.g. {', '.join(sorted(set(missing))[:3])}): "
+                    f"unknown to the {what} {path} as read with {form} (e.g. {examples}): "
                     f"every one would be scored as <unk>. Give --normalize the form of the LM's training text (one "
                     f"of {', '.join(sorted(PRESETS))}), or an LM of the lists' language"
+                )
+        sampled = nbest.entries[:: max(1, len(nbest.entries) // LIST_SAMPLE)]
+        firsts = [(entry.id, self.normalizer.normalize(entry.hypotheses[0].text, memo)) for entry in sampled]
+        firsts = [(entry_id, words) for entry_id, words in firsts if len(words) >= LIST_WORDS]
+        for what, path, unknown in models:
+            other = [
+                (entry_id, words) for entry_id, words in firsts if sum(map(unknown, words)) > max_share * len(words)
+            ]
+            if len(other) > MAX_UNKNOWN_LISTS * len(firsts):
+                form = f"--normalize {self.paths['normalize']}" if self.paths.get("normalize") else "its own text form"
+                lists = ", ".join(clip(entry_id) for entry_id, _ in other[:3])
+                unknown_words = sorted({w for _, ws in other for w in ws if unknown(w)})[:3]
+                examples = ", ".join(clip(w, quote=False) for w in unknown_words)
+                raise ValueError(
+                    f"{nbest.name}: {len(other)} of its {len(firsts)} lists of {LIST_WORDS} words or more (e.g. "
+                    f"{lists}) have most of their first hypothesis's words unknown to the {what} {path} as read "
+                    f"with {form} (e.g. {examples}): those lists would be scored entirely as <unk>. Are they in "
+                    f"another form than the others (case, punctuation)? Give every list the form of the LM's "
+                    f"training text (--normalize one of {', '.join(sorted(PRESETS))})"
                 )
         return worst
 
@@ -216,17 +248,17 @@ def references_of(nbest: NBestList, metric: str) -> list[str] | list[list[str]]:
     missing = [e.id for e in nbest if not e.references]
     if missing:
         raise ValueError(
-            f"{nbest.name}: {len(missing)} entries have no reference (first: {missing[0]!r}); give --references"
+            f"{nbest.name}: {len(missing)} entries have no reference (first: {clip(missing[0])}); give --references"
         )
     if metric == "wer":
         many = [e.id for e in nbest if len(e.references) != 1]
         if many:
-            raise ValueError(f"{nbest.name}: WER needs one reference per utterance; {many[0]!r} has several")
+            raise ValueError(f"{nbest.name}: WER needs one reference per utterance; {clip(many[0])} has several")
         return [e.references[0] for e in nbest]
     count = len(nbest.entries[0].references)
     uneven = [e.id for e in nbest if len(e.references) != count]
     if uneven:
-        raise ValueError(f"{nbest.name}: every sentence needs {count} references; {uneven[0]!r} differs")
+        raise ValueError(f"{nbest.name}: every sentence needs {count} references; {clip(uneven[0])} differs")
     return [[e.references[k] for e in nbest] for k in range(count)]
 
 

@@ -16,7 +16,10 @@ Why it is done this way:
   nothing better, so every method is run from several random starting points (and random directions or simplex
   shapes) and the best dev result wins. The spread of the runs' results says how rugged the surface is.
 - The scale of w is free (argmax ignores it), so one weight, ``fixed`` (by default the first feature, the
-  decoder's own score), stays 1 and only the others are searched.
+  decoder's own score), stays 1 and only the others are searched. A *cost* (a name ending in ``_cost``: Kaldi's
+  ``ac_cost`` and ``lm_cost``, negated log-likelihoods, lower is better) stays -1 instead, and every cost starts the
+  search at -1: at +1 the starting point (the baseline that tuned weights must beat, and what the guard falls back
+  to) would choose each list's worst hypothesis.
 - Features differ wildly in size (an LM log-probability of -75 next to a length of 20), so the search runs on
   rescaled weights: a searched value of 1 gives feature f the same spread within a list as the fixed feature has.
   Steps and random starts are in those units.
@@ -200,7 +203,7 @@ def tune_weights(
 ) -> TuneResult:
     """Search the weights that give the best corpus metric on ``dev`` (module docstring for how and why).
 
-    Restart 0 of each method starts from ``init`` (default: ``fixed`` = 1, the rest 0, i.e. the baseline choice);
+    Restart 0 of each method starts from ``init`` (default: ``start_weights``, i.e. the baseline choice);
     restarts 1.. start from random rescaled weights drawn from N(0, 1), clipped into ``bounds``, with random search
     directions. ``bounds``: per feature (low, high) in weight units, None for no limit; ``penalty``: α of the
     α·Σu² term (rescaled weights u) added to the metric (in its units, e.g. WER %) that the search minimises; the
@@ -220,7 +223,7 @@ def tune_weights(
 
     def weights_of(u: np.ndarray) -> np.ndarray:
         w = np.zeros(len(names))
-        w[k], w[free] = 1.0, u * unit
+        w[k], w[free] = start[fixed], u * unit
         return w
 
     if penalty < 0 or not math.isfinite(penalty):
@@ -621,13 +624,24 @@ def _check_nbest(name: str, features: Sequence[np.ndarray], nbest: Sequence[Sequ
             raise ValueError(f"{name}: utterance {i}: {len(x)} feature rows but {len(hyps)} hypotheses")
 
 
+COST_SUFFIX = "_cost"  # a feature named so is a cost: lower is better (module docstring)
+
+
+def is_cost(name: str) -> bool:
+    return name.endswith(COST_SUFFIX)
+
+
 def start_weights(names: Sequence[str], fixed: str, init: Mapping[str, float] | None) -> dict[str, float]:
-    """The search's starting point: ``fixed`` = 1, the rest 0, overridden by ``init``."""
+    """The search's starting point: ``fixed`` = 1, every cost (``is_cost``, the fixed one too) -1, the rest 0,
+    overridden by ``init`` (which keeps ``fixed`` where it is)."""
     if fixed not in names:
         raise ValueError(f"fixed feature {fixed!r} is not one of {tuple(names)}")
-    start = dict.fromkeys(names, 0.0) | {fixed: 1.0} | dict(init or {})
-    if set(start) != set(names) or start[fixed] != 1.0:
-        raise ValueError(f"init must name features of {tuple(names)} and keep {fixed!r} at 1, got {dict(init or {})}")
+    start = {name: -1.0 if is_cost(name) else 1.0 if name == fixed else 0.0 for name in names} | dict(init or {})
+    if set(start) != set(names) or start[fixed] != (-1.0 if is_cost(fixed) else 1.0):
+        raise ValueError(
+            f"init must name features of {tuple(names)} and keep {fixed!r} at {-1 if is_cost(fixed) else 1}, got "
+            f"{dict(init or {})}"
+        )
     return start
 
 

@@ -249,3 +249,31 @@ def test_parse_bounds_names_the_bad_item(text):
 def test_contiguous_folds_are_runs_of_consecutive_utterances():
     folds = tune.fold_indices(11, 3, contiguous=True)
     assert [f.tolist() for f in folds] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+
+
+def test_costs_start_at_minus_one_so_the_baseline_is_the_cheapest_hypothesis(tmp_path, capsys):
+    """Kaldi's ac_cost and lm_cost are negated log-likelihoods: at weight +1 the baseline (and the guard's fallback)
+    chose each list's worst hypothesis."""
+    from lmserve.rescoring.commands.cli import main
+    from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
+
+    rng = np.random.default_rng(8)
+    entries = []
+    for i in range(40):
+        words = [f"w{int(k)}" for k in rng.integers(0, 30, size=6)]
+        texts = [" ".join(words[: 6 - k]) for k in range(4)]  # hypothesis k: k words short of the reference
+        hyps = [
+            Hypothesis(text, {"ac_cost": 100.0 + 10 * k + float(rng.normal()), "lm_cost": 20.0 + 5 * k}, k + 1)
+            for k, text in enumerate(texts)
+        ]
+        entries.append(NBestEntry(f"utt{i}-1", hyps, [texts[0]]))
+    start = tune.start_weights(["ac_cost", "lm_cost", "length"], "ac_cost", None)
+    assert start == {"ac_cost": -1.0, "lm_cost": -1.0, "length": 0.0}
+    folder = tmp_path / "kaldi"
+    write_nbest(NBestList(entries), folder, "kaldi")
+    out = tmp_path / "w.json"
+    argv = ["tune", str(folder), "--metric", "wer", "--features", "ac_cost,lm_cost", "--restarts", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "wer 0.00 -> 0.00 on the dev list" in capsys.readouterr().out  # the cheapest is the reference
+    record = json.loads(out.read_text())
+    assert record["weights"]["ac_cost"] == -1.0 and record["baseline_metric"] == 0.0

@@ -12,6 +12,9 @@ traceback.
 - anything else is a bug: one line that says so, exit 1.
 
 ``LMSERVE_DEBUG=1`` in the environment (or ``--debug``) shows the traceback of each instead.
+
+A message that echoes what a user gave (an id, a feature name, a candidate word, a model name) echoes it through
+:func:`clip`: a 16 KB id must not become a 16 KB error line, nor a 200 KB log record.
 """
 
 from __future__ import annotations
@@ -26,10 +29,22 @@ from collections.abc import Callable
 import lmserve
 
 DEBUG_ENV = "LMSERVE_DEBUG"
+ECHO_CHARS = 80  # of a user's value echoed in a message (:func:`clip`)
 
 
 class Terminated(BaseException):
     """SIGTERM arrived (a BaseException, like KeyboardInterrupt, so that ``except Exception`` does not swallow it)."""
+
+
+def clip(value: object, limit: int = ECHO_CHARS, quote: bool = True) -> str:
+    """A user's value as a message echoes it: a string quoted as ``repr`` quotes it (as it is: ``quote=False``),
+    anything else as its ``repr``; past ``limit`` characters, the first ``limit`` of them and how long it was:
+    ``'xxxx'... (16,384 chars)``."""
+    if isinstance(value, str):
+        shown = (lambda text: repr(text)) if quote else (lambda text: text)
+        return shown(value) if len(value) <= limit else f"{shown(value[:limit])}... ({len(value):,} chars)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} chars)"
 
 
 def _terminate(signum, frame) -> None:

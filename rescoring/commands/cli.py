@@ -5,7 +5,6 @@ as LM training text; tune weights on dev n-best/k-best lists and rerank lists wi
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import sys
@@ -16,41 +15,62 @@ from pathlib import Path
 from lmserve.core.atomic import atomic_write_lines
 from lmserve.core.bundle import Bundle
 from lmserve.core.command import add_common_arguments, parse_args, run_command
-from lmserve.core.lines import iter_lines, read_lines
+from lmserve.core.lines import file_lines, iter_lines, read_lines
 from lmserve.core.outputs import check_outputs
 from lmserve.core.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring.commands import rescore_cli
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.nbest import FORMATS, read_nbest
 from lmserve.rescoring.ngram import LN10, NgramError, build_ngram, model_files
-from lmserve.rescoring.ngram_mix import load_ngram, tune_mixture
+from lmserve.rescoring.ngram_mix import load_ngram, text_record, text_record_path, tune_mixture, write_text_record
 from lmserve.rescoring.score_lines import FORMATS as SCORE_FORMATS
 from lmserve.rescoring.score_lines import score_line
 from lmserve.rescoring.scorer_args import add_device_argument, add_precision_argument, precision_conflict
 
 
-def _text_view(args) -> Callable[[str], list[str]]:
+def _text_settings(args) -> tuple[Callable[[str], list[str]], dict]:
     """How text becomes n-gram tokens: ``--normalize`` (a ``core.textnorm`` preset) and, with ``--like BUNDLE``,
     that bundle's own text settings and vocabulary (other words become ``<unk>``), so that the n-gram sees exactly the
-    tokens the neural LM sees and their per-word interpolation mixes distributions over the same words."""
+    tokens the neural LM sees and their per-word interpolation mixes distributions over the same words; and the
+    record of them (``ngram_mix.text_record``) that ``ngram build`` leaves beside a model and ``ngram mix``
+    compares."""
     normalizer = PRESETS[args.normalize] if args.normalize else None
     vocab = None
     if args.like:
         bundle = Bundle.load(args.like)
         normalizer = normalizer or TextNormalizer.from_dict(bundle.manifest["text"])
         vocab = None if bundle.subword_model else set(bundle.tokens)  # an open vocabulary: every word as it is
-    return ngram_view(normalizer or PRESETS["none"], vocab)
+    normalizer = normalizer or PRESETS["none"]
+    return ngram_view(normalizer, vocab), text_record(normalizer, vocab, args.normalize, args.like)
 
 
-def _tokenised(paths: list[str], view: Callable[[str], list[str]]) -> Iterator[list[str]]:
-    """Tokenised lines of plain or gzipped text files; blank lines are skipped, not taken as empty sentences
-    (which would inflate p(</s> | <s>))."""
+def _text_view(args) -> Callable[[str], list[str]]:
+    return _text_settings(args)[0]
+
+
+def _check_texts(paths: list[str], flag: str) -> None:
+    """Text files, not models: an n-gram where text belongs (``--heldout A.bin``) is an error naming the flag."""
     for path in paths:
-        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-            for line in iter_lines(f, path):
-                words = view(line)
-                if words:
-                    yield words
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{flag} {path}: no such text file")
+        with open(path, "rb") as f:
+            head = f.read(64)
+        if head.startswith(b"mmap lm ") or head.lstrip().startswith(b"\\data\\"):
+            kind = "a KenLM binary model" if head.startswith(b"mmap lm ") else "an ARPA model"
+            raise ValueError(
+                f"{flag} {path}: {kind}, not text; expected plain or gzipped text, one sentence a line"
+                + (" (the models to mix go in --ngram)" if flag == "--heldout" else "")
+            )
+
+
+def _tokenised(paths: list[str], view: Callable[[str], list[str]], flag: str) -> Iterator[list[str]]:
+    """Tokenised lines of plain or gzipped text files; blank lines are skipped, not taken as empty sentences
+    (which would inflate p(</s> | <s>)). Errors name the ``flag`` and the file (``core.lines.file_lines``)."""
+    for path in paths:
+        for line in file_lines(path, flag):
+            words = view(line)
+            if words:
+                yield words
 
 
 def _score(args) -> int:
@@ -97,13 +117,15 @@ SCORE_KINDS = {
 
 def _ngram_build(args) -> int:
     arpa, model_bin = model_files(args.out)
-    check_outputs({"--out": [arpa, None if args.no_binary else model_bin]}, {"--text": args.text, "--like": args.like})
-    for path in args.text:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"{path}: no such text file")
+    record = text_record_path(arpa)
+    check_outputs(
+        {"--out": [arpa, None if args.no_binary else model_bin, record]}, {"--text": args.text, "--like": args.like}
+    )
+    _check_texts(args.text, "--text")
+    view, text = _text_settings(args)
     start = time.perf_counter()
     info = build_ngram(
-        _tokenised(args.text, _text_view(args)),
+        _tokenised(args.text, view, "--text"),
         args.order,
         args.out,
         prune=args.prune,
@@ -111,6 +133,7 @@ def _ngram_build(args) -> int:
         discount_fallback=args.discount_fallback,
         memory=args.memory,
     )
+    info["text_record"] = str(write_text_record(arpa, text))
     info.update(text=args.text, normalize=args.normalize, like=args.like, seconds=round(time.perf_counter() - start, 2))
     print(json.dumps(info, indent=2))
     return 0
@@ -131,11 +154,10 @@ def _ngram_mix(args) -> int:
     if len(paths) < 2 or not all(paths):
         raise ValueError(f"--ngram {args.ngram}: expected two or more models, comma-separated (A.bin,B.bin)")
     check_outputs({"--out": args.out}, {"--ngram": paths, "--heldout": args.heldout, "--like": args.like})
-    for path in args.heldout:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"{path}: no such text file")
+    _check_texts(args.heldout, "--heldout")
     heldout = {"files": args.heldout, "normalize": args.normalize, "like": args.like}
-    record = tune_mixture(paths, _tokenised(args.heldout, _text_view(args)), args.out, heldout)
+    view, text = _text_settings(args)
+    record = tune_mixture(paths, _tokenised(args.heldout, view, "--heldout"), args.out, heldout, text)
     print(json.dumps(record, indent=2))
     models = ", ".join(f"{m['path']} {m['weight']:.4f} (ppl {m['heldout_ppl']:.2f})" for m in record["models"])
     held = record["heldout"]

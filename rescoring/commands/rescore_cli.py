@@ -66,6 +66,8 @@ from lmserve.rescoring.nbest import (
     write_nbest,
 )
 from lmserve.rescoring.nbest.checks import parse_defaults
+from lmserve.rescoring.nbest.files import read_text
+from lmserve.rescoring.nbest.parsing import split_lines
 from lmserve.rescoring.ngram import NgramError
 from lmserve.rescoring.overlap import DEFAULT_N, WARN_SHARE
 from lmserve.rescoring.rescore import (
@@ -94,7 +96,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--metric", choices=("wer", "bleu"), required=True)
     tune.add_argument("--features", required=True, help="comma-separated: list features, neural, ngram, interp, ...")
     tune.add_argument("--define", action="append", default=[], metavar="NAME=EXPR", help="e.g. am=0.6*decoder+0.4*ctc")
-    tune.add_argument("--fixed", help="the feature whose weight stays 1 (default: the first)")
+    tune.add_argument("--fixed", help="the feature whose weight stays 1 (-1 for a cost, NAME_cost; default: the first)")
     tune.add_argument("--lambdas", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="λ values tried for interp")
     tune.add_argument("--methods", default=",".join(METHODS), help=f"scipy methods among {', '.join(METHODS)}")
     tune.add_argument("--restarts", type=int, default=5, help="random restarts per method (besides the first run)")
@@ -464,7 +466,8 @@ def run_tune(args) -> int:
         )
     print(format_stability(r, tuned.cross_validation))
     if not tuned.adopted:
-        print(f"fewer than {args.require_folds} folds gained: the first pass alone is kept ({r.fixed} = 1)")
+        kept = f"{r.fixed} = {r.weights[r.fixed]:g}"
+        print(f"fewer than {args.require_folds} folds gained: the first pass alone is kept ({kept})")
     print("weights: " + ", ".join(f"{k}={v:.4g}" for k, v in r.weights.items()) + f"  -> {args.out}")
     print(f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)
     return 0
@@ -625,7 +628,10 @@ def _overlap_check(args, models, nbest: NBestList) -> dict | None:
     refs, ids = _references(nbest)
     if not texts or not refs:
         return None
-    result = overlap.measure(refs, texts, ids=ids, reference_view=models.normalizer.normalize, offenders=OFFENDERS)
+    try:
+        result = overlap.measure(refs, texts, ids=ids, reference_view=models.normalizer.normalize, offenders=OFFENDERS)
+    except overlap.NoReferences:  # references without a word (the metric says what it thinks of them)
+        return None
     print(f"lm-rescore: {result.summary()}", file=sys.stderr)
     warning = result.warning()
     if warning:
@@ -638,13 +644,21 @@ def run_overlap(args) -> int:
         raise ValueError("overlap: give --list LIST (its references) or --references FILE...")
     check_outputs({"--json": args.json}, {"--text": args.text, "--list": args.list, "--references": args.references})
     if args.list is not None:
-        refs, ids = _references(read_nbest(args.list, args.format, args.references))
+        nbest = read_nbest(args.list, args.format, args.references)
+        refs, ids = _references(nbest)
+        given, what = f"--list {args.list}", f"its {len(nbest)} entries"
     else:
         refs, ids = [], []
         for path in args.references:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = split_lines(read_text(path))  # (plain or .gz, without a byte-order mark)
             refs += lines
             ids += [f"{path}:{i}" for i in range(1, len(lines) + 1)]
+        given, what = f"--references {' '.join(map(str, args.references))}", f"its {len(refs)} lines"
+    if not any(ref.split() for ref in refs):
+        raise ValueError(
+            f"{given}: no references to check ({what} hold none with a word); expected the test set's references "
+            "(a list that carries them, or --references FILE, one a line)"
+        )
     views = {
         name: PRESETS[preset].normalize if preset else overlap.words_of
         for name, preset in (("reference_view", args.normalize), ("text_view", args.normalize_text))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+from lmserve.core.command import clip
 from lmserve.core.words import words as words_of
 from lmserve.rescoring.nbest.model import NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError
@@ -39,7 +40,7 @@ def parse_defaults(items: list[str] | None) -> dict[str, float]:
         except ValueError:
             number = math.nan
         if not sep or not name.strip() or not math.isfinite(number):
-            raise ValueError(f"--feature-default {item!r}: expected NAME=NUMBER, e.g. lm=0")
+            raise ValueError(f"--feature-default {clip(item)}: expected NAME=NUMBER, e.g. lm=0")
         defaults[name.strip()] = number
     return defaults
 
@@ -50,10 +51,10 @@ def check_ids(ids: Iterable[tuple[str, str]]) -> None:
     seen: dict[str, str] = {}
     for entry_id, where in ids:
         if not entry_id:
-            raise NBestFormatError(where, f"id {entry_id!r} is empty; expected an id for every entry")
+            raise NBestFormatError(where, f"id {clip(entry_id)} is empty; expected an id for every entry")
         if entry_id in seen:
             raise NBestFormatError(
-                where, f"id {entry_id!r} appears twice (first at {seen[entry_id]}); expected unique ids"
+                where, f"id {clip(entry_id)} appears twice (first at {seen[entry_id]}); expected unique ids"
             )
         seen[entry_id] = where
 
@@ -68,7 +69,7 @@ def check_list(nbest: NBestList, defaults: Mapping[str, float] | None = None, ma
     check_ids((entry.id, where) for entry, where in zip(nbest, places, strict=True))
     for entry, where in zip(nbest, places, strict=True):
         if not entry.hypotheses:
-            raise NBestFormatError(where, f"entry {entry.id!r} has no hypotheses; expected at least one")
+            raise NBestFormatError(where, f"entry {clip(entry.id)} has no hypotheses; expected at least one")
         names = set(defaults).union(*(hyp.features for hyp in entry.hypotheses))
         for k, hyp in enumerate(entry.hypotheses):
             words = len(words_of(hyp.text))
@@ -80,16 +81,17 @@ def check_list(nbest: NBestList, defaults: Mapping[str, float] | None = None, ma
             if len(hyp.features) != len(names):
                 for name in names - hyp.features.keys():
                     if name not in defaults:
+                        flag = name if clip(name) == repr(name) else "NAME"  # (a name echoed whole only once)
                         raise NBestFormatError(
                             _place(hyp, where, k),
-                            f"no feature {name!r}, which other hypotheses of its list have; give every "
-                            f"hypothesis one, or a value for where it is missing: --feature-default {name}=VALUE",
+                            f"no feature {clip(name)}, which other hypotheses of its list have; give every "
+                            f"hypothesis one, or a value for where it is missing: --feature-default {flag}=VALUE",
                         )
                     hyp.features[name] = defaults[name]
             if not all(map(math.isfinite, hyp.features.values())):
                 name = next(n for n, v in hyp.features.items() if not math.isfinite(v))
                 raise NBestFormatError(
-                    _place(hyp, where, k), f"feature {name!r} = {hyp.features[name]}: expected a finite number"
+                    _place(hyp, where, k), f"feature {clip(name)} = {hyp.features[name]}: expected a finite number"
                 )
 
 

@@ -19,6 +19,7 @@ import re
 import tarfile
 from pathlib import Path
 
+from lmserve.core.command import clip
 from lmserve.rescoring.nbest.files import attach_references, decode, read_text, write_folder
 from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError, parse_number, split_key, split_lines
@@ -96,7 +97,7 @@ def read_column(files: dict[str, tuple[str, str]], rel: str, ids: list[str]) -> 
         if key != expected:
             raise NBestFormatError(
                 name,
-                f"expected {expected!r} (line {lineno} of 1best_recog/text), got {key!r}",
+                f"expected {expected!r} (line {lineno} of 1best_recog/text), got {clip(key)}",
                 lineno,
                 field="1 (utterance id)",
             )
@@ -116,7 +117,7 @@ def parse_scores(text: str, name: str, lineno: int) -> dict[str, float]:
     except json.JSONDecodeError:
         parts = None
     if not isinstance(parts, dict):
-        raise NBestFormatError(name, f"expected a JSON object of scores, got {text!r}", lineno, field="2 (scores)")
+        raise NBestFormatError(name, f"expected a JSON object of scores, got {clip(text)}", lineno, field="2 (scores)")
     return {key: parse_tensor(str(value), name, lineno, f"2 (scores), key {key!r}") for key, value in parts.items()}
 
 
@@ -131,7 +132,9 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
     ids = [split_key(line, name, lineno, "utterance id")[0] for lineno, line in enumerate(split_lines(text), 1)]
     if len(set(ids)) != len(ids):
         lineno = next(i for i, key in enumerate(ids, 1) if key in ids[: i - 1])
-        raise NBestFormatError(name, f"utterance {ids[lineno - 1]!r} appears twice", lineno, field="1 (utterance id)")
+        raise NBestFormatError(
+            name, f"utterance {clip(ids[lineno - 1])} appears twice", lineno, field="1 (utterance id)"
+        )
     entries = [NBestEntry(key, [], origin=f"{name}:{lineno}") for lineno, key in enumerate(ids, 1)]
     for rank in ranks:
         folder = f"raw_hypotheses/{rank}best_recog"
@@ -162,7 +165,7 @@ def match_references(entries: list[NBestEntry], name: str, text: str) -> None:
         match = TRN_LINE.fullmatch(line)
         if not match:
             raise NBestFormatError(
-                name, f"expected '<reference> (<speaker>-<utt-id>)', got {line!r}", lineno, field="2 (utterance id)"
+                name, f"expected '<reference> (<speaker>-<utt-id>)', got {clip(line)}", lineno, field="2 (utterance id)"
             )
         trn_id = match["id"]
         refs[trn_id] = match["text"].strip()
@@ -174,7 +177,7 @@ def match_references(entries: list[NBestEntry], name: str, text: str) -> None:
             problem = "no line" if not found else f"{len(found)} lines ({', '.join(found[:3])})"
             raise NBestFormatError(
                 name,
-                f"{problem} for utterance {entry.id!r}: expected one ending in '({entry.id})' or '(<speaker>-{entry.id})'",
+                f"{problem} for utterance {clip(entry.id)}: expected one ending in '({entry.id})' or '(<speaker>-{entry.id})'",
             )
         entry.references = [refs[found[0]]]
 

@@ -43,7 +43,7 @@ def detect(path: Path) -> bool:
         return False
     try:
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        with opener(path, "rt", encoding="utf-8-sig", errors="replace") as f:  # (a byte-order mark: no text)
             for _, line in zip(range(DETECT_LINES), f, strict=False):
                 if TAGGED.match(line):
                     return line[0] in "STHD"

@@ -1,4 +1,9 @@
-"""Reading text (gzipped or not), writing folders so that a crash never leaves half of one, and reference files."""
+"""Reading text (gzipped or not), writing folders so that a crash never leaves half of one, and reference files.
+
+Text is UTF-8; a byte-order mark before it is not part of it (``core.lines``: it made the first segment of a system's
+file a translation of its own, and the first reference one that no hypothesis matched); a damaged ``.gz`` is an
+error naming the file.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +12,39 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from lmserve.core.atomic import replacing_folder
+from lmserve.core.command import clip
+from lmserve.core.lines import BOM, DAMAGED_GZIP, gzip_problem
 from lmserve.rescoring.nbest.model import NBestEntry
 from lmserve.rescoring.nbest.parsing import NBestFormatError, split_lines
 
 
 def read_text(path: Path) -> str:
     data = path.read_bytes()
-    return decode(gzip.decompress(data) if path.suffix == ".gz" else data, path)
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except DAMAGED_GZIP as e:
+            raise NBestFormatError(path, gzip_problem(e)) from None
+    return decode(data, path)
 
 
 def decode(data: bytes, name: object) -> str:
+    """UTF-8 text without a byte-order mark before it."""
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise NBestFormatError(name, f"expected UTF-8 text, byte {e.start} is not", line) from None
+    return text[1:] if text.startswith(BOM) else text
 
 
 def first_line(path: Path) -> str:
     """The first line of a file, for format detection; "" for a file that cannot be read as text."""
     try:
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        with opener(path, "rt", encoding="utf-8-sig", errors="replace") as f:  # (a byte-order mark: no text)
             return f.readline().rstrip("\r\n")
-    except OSError:
+    except (OSError, *DAMAGED_GZIP):
         return ""
 
 
@@ -77,5 +91,7 @@ def attach_references(
     for i, entry in enumerate(entries):
         line = i if line_of is None else line_of(i, entry)
         if not 0 <= line < len(references):
-            raise NBestFormatError(paths[0], f"has {len(references)} lines, entry {entry.id!r} needs line {line + 1}")
+            raise NBestFormatError(
+                paths[0], f"has {len(references)} lines, entry {clip(entry.id)} needs line {line + 1}"
+            )
         entry.references = references[line]

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from lmserve.core.atomic import atomic_write_bytes
+from lmserve.core.command import clip
 from lmserve.rescoring.nbest.files import attach_references, read_text
 from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError, json_number
@@ -31,7 +32,7 @@ def detect(path: Path) -> bool:
         return False
     try:
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        with opener(path, "rt", encoding="utf-8-sig", errors="replace") as f:  # (a byte-order mark: no text)
             return f.read(64).lstrip().startswith("[")
     except (OSError, EOFError):  # a .gz that is not gzip
         return False
@@ -60,7 +61,7 @@ def read_entry(item: object, path: Path, i: int) -> NBestEntry:
     texts = item.get("input")
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise NBestFormatError(
-            path, f"expected a list of hypothesis strings, got {texts!r:.80}", entry=i, field="'input'"
+            path, f"expected a list of hypothesis strings, got {clip(texts)}", entry=i, field="'input'"
         )
     hyps = [
         Hypothesis(text, {}, rank, f"{path}: entry {i}: field 'input[{rank - 1}]'")
@@ -77,10 +78,10 @@ def read_entry(item: object, path: Path, i: int) -> NBestEntry:
             hyp.features[name] = json_number(score, path, None, f"'{name}[{k}]'", i)
     entry_id = item.get("id")
     if entry_id is not None and not isinstance(entry_id, str):
-        raise NBestFormatError(path, f"expected a string, got {entry_id!r:.80}", entry=i, field="'id'")
+        raise NBestFormatError(path, f"expected a string, got {clip(entry_id)}", entry=i, field="'id'")
     output = item.get("output")
     if output is not None and not isinstance(output, str):
-        raise NBestFormatError(path, f"expected the reference string, got {output!r:.80}", entry=i, field="'output'")
+        raise NBestFormatError(path, f"expected the reference string, got {clip(output)}", entry=i, field="'output'")
     return NBestEntry(str(i), hyps, [] if output is None else [output], origin=f"{path}: entry {i}")
 
 

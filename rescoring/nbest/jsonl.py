@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from lmserve.core.atomic import atomic_write_text
+from lmserve.core.command import clip
 from lmserve.rescoring.nbest.files import attach_references, read_text
 from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError, json_number, split_lines
@@ -42,7 +43,7 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
 def read_entry(item: object, path: Path, lineno: int) -> NBestEntry:
     def expect(ok: bool, field: str, what: str, value: object) -> None:
         if not ok:
-            raise NBestFormatError(path, f"expected {what}, got {value!r:.80}", lineno, field=field)
+            raise NBestFormatError(path, f"expected {what}, got {clip(value)}", lineno, field=field)
 
     expect(isinstance(item, dict), "(the line)", "an object with 'id' and 'hypotheses'", item)
     entry_id, hyps = item.get("id"), item.get("hypotheses")

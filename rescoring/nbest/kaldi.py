@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lmserve.core.command import clip
 from lmserve.rescoring.nbest.files import attach_references, read_text, write_folder
 from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError, parse_number, split_key, split_lines
@@ -39,10 +40,10 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
     for lineno, key, words in read_table(text_path, "utt-id-rank"):
         utt, _, rank = key.rpartition("-")
         if not utt or not rank.isascii() or not rank.isdigit():
-            raise NBestFormatError(text_path, f"expected '<utt-id>-<rank>', got {key!r}", lineno, field="1 (key)")
+            raise NBestFormatError(text_path, f"expected '<utt-id>-<rank>', got {clip(key)}", lineno, field="1 (key)")
         if key in by_key:
             raise NBestFormatError(
-                text_path, f"{key!r} appears twice (first on line {by_key[key][0]})", lineno, field="1 (key)"
+                text_path, f"{clip(key)} appears twice (first on line {by_key[key][0]})", lineno, field="1 (key)"
             )
         hyp = Hypothesis(words, {}, int(rank), f"{text_path}:{lineno}")
         by_key[key] = lineno, hyp
@@ -54,12 +55,12 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
         for lineno, key, value in read_table(cost_path, "utt-id-rank"):
             if key not in by_key:
                 raise NBestFormatError(
-                    cost_path, f"{key!r} is not a hypothesis in {text_path}", lineno, field="1 (key)"
+                    cost_path, f"{clip(key)} is not a hypothesis in {text_path}", lineno, field="1 (key)"
                 )
             by_key[key][1].features[cost] = parse_number(value, cost_path, lineno, "2 (cost)")
         if missing := [(key, lineno) for key, (lineno, hyp) in by_key.items() if cost not in hyp.features]:
             key, lineno = missing[0]
-            raise NBestFormatError(text_path, f"{key!r} has no line in {cost_path}", lineno, field="1 (key)")
+            raise NBestFormatError(text_path, f"{clip(key)} has no line in {cost_path}", lineno, field="1 (key)")
     ordered = list(entries.values())
     for entry in ordered:
         entry.hypotheses.sort(key=lambda hyp: hyp.rank)
@@ -69,7 +70,7 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
         refs = {key: words for _, key, words in read_table(ref_path, "utt-id")}
         for entry in ordered:
             if entry.id not in refs:
-                raise NBestFormatError(ref_path, f"no line for utterance {entry.id!r}")
+                raise NBestFormatError(ref_path, f"no line for utterance {clip(entry.id)}")
             entry.references = [refs[entry.id]]
     return NBestList(ordered, str(path))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmserve.core.atomic import atomic_write_text
+from lmserve.core.command import clip
 from lmserve.rescoring.nbest.files import attach_references, first_line, read_text
 from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError, parse_number, split_lines, to_number
@@ -34,17 +35,17 @@ def parse_features(text: str, path: Path, lineno: int) -> dict[str, float]:
         if not sep and token.endswith(":"):
             name, sep = token[:-1], ":"
         if sep and not name:
-            raise NBestFormatError(path, f"{token!r} has no feature name", lineno, field=FEATURES)
+            raise NBestFormatError(path, f"{clip(token)} has no feature name", lineno, field=FEATURES)
         if sep and not value:
             label, index = name, 0
         elif sep:
             number = to_number(value)
             if number is None:
-                raise NBestFormatError(path, f"{token!r} is not name=number", lineno, field=FEATURES)
+                raise NBestFormatError(path, f"{clip(token)} is not name=number", lineno, field=FEATURES)
             features[name], label = number, None
         elif label is None:
             raise NBestFormatError(
-                path, f"{token!r} is neither name=number nor a value after 'name='", lineno, field=FEATURES
+                path, f"{clip(token)} is neither name=number nor a value after 'name='", lineno, field=FEATURES
             )
         else:
             features[f"{label}_{index}"] = parse_number(token, path, lineno, f"{FEATURES}, value {index} of {label!r}")
@@ -67,7 +68,7 @@ def read(path: Path, references: list[Path] | None = None) -> NBestList:
             sentence = int(fields[0])
         except ValueError:
             raise NBestFormatError(
-                path, f"expected a sentence number, got {fields[0]!r}", lineno, field="1 (id)"
+                path, f"expected a sentence number, got {clip(fields[0])}", lineno, field="1 (id)"
             ) from None
         features = parse_features(fields[2], path, lineno)
         if len(fields) > 3:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from lmserve.core.command import clip
+
 
 class NBestFormatError(ValueError):
     """Malformed n-best input, e.g. ``output.gold:17: field 3 (features): 'lm_0=abc' is not name=number``."""
@@ -43,7 +45,7 @@ def to_number(text: str) -> float | None:
 def parse_number(text: str, path: object, line: int | None, field: str, entry: int | None = None) -> float:
     value = to_number(text)
     if value is None:
-        raise NBestFormatError(path, f"expected a finite number, got {text!r}", line, entry, field)
+        raise NBestFormatError(path, f"expected a finite number, got {clip(text)}", line, entry, field)
     return value
 
 

@@ -19,6 +19,7 @@ import math
 import re
 from pathlib import Path
 
+from lmserve.core.command import clip
 from lmserve.rescoring.nbest.files import attach_references, first_line, read_text, write_folder
 from lmserve.rescoring.nbest.model import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.parsing import NBestFormatError, parse_number, split_lines, to_number
@@ -77,13 +78,13 @@ def parse_hypothesis(tokens: list[str], version: int, path: Path, lineno: int) -
         if len(tokens) < 3 or not _count(tokens[2]):
             field, got = ("3 (number of words)", tokens[2]) if len(tokens) >= 3 else ("3", "an end of line")
             raise NBestFormatError(
-                path, f"expected '<acoustic> <lm> <num-words> words...', got {got!r}", lineno, field=field
+                path, f"expected '<acoustic> <lm> <num-words> words...', got {clip(got)}", lineno, field=field
             )
         acoustic = parse_number(tokens[0], path, lineno, "1 (acoustic score)")
         lm = parse_number(tokens[1], path, lineno, "2 (LM score)")
         return Hypothesis(" ".join(tokens[3:]), {"acoustic": acoustic, "lm": lm, "num_words": float(tokens[2])})
     if not (tokens[0].startswith("(") and tokens[0].endswith(")")):
-        raise NBestFormatError(path, f"expected '(<bytelog score>)', got {tokens[0]!r}", lineno, field="1 (score)")
+        raise NBestFormatError(path, f"expected '(<bytelog score>)', got {clip(tokens[0])}", lineno, field="1 (score)")
     score = parse_number(tokens[0][1:-1], path, lineno, "1 (score)") * BYTELOG_TO_LOG10
     if version != 2:
         return Hypothesis(" ".join(tokens[1:]), {"score": score})
@@ -100,7 +101,7 @@ def parse_word_info(tokens: list[str], path: Path, lineno: int) -> tuple[list[st
         if len(info) != 10 or any(want is not None and got != want for want, got in zip(WORD_INFO, info, strict=True)):
             raise NBestFormatError(
                 path,
-                f"expected '{token} ( st: <start> et: <end> g: <lm> a: <acoustic> )', got {' '.join(info)!r}",
+                f"expected '{token} ( st: <start> et: <end> g: <lm> a: <acoustic> )', got {clip(' '.join(info))}",
                 lineno,
                 field=field,
             )

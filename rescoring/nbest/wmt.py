@@ -5,6 +5,8 @@
     PREFIX.hyp.SYSTEM.LANG       one system's translation of each source line    (1 or more)
 
 as WMT ships its test sets (``generaltest2022.zh-en.hyp.JDExploreAcademy.en``); any file may be gzipped (``.gz``).
+Every entry of the folder (but hidden ones) must be such a file: a broken link or a folder there is an error naming
+it, never a list from the other systems.
 Line i of every file is the same segment, entry ``str(i)`` (0-based, as HyPoradise entries are numbered). Systems
 agree often (WMT22 zh-en: 12 systems, 10.4 distinct translations a segment), so an entry holds each DISTINCT
 translation once, in the order first met going through the systems by name, ranked 1..n. There are no decoder
@@ -27,11 +29,9 @@ k-th hypothesis on line i of rank k's file, its last hypothesis where it has few
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import string
-import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,20 +71,39 @@ def parse_name(path: Path) -> WmtFile | None:
     return WmtFile(path, prefix, kind, ".".join(label), lang)
 
 
+def visible_entries(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.iterdir() if not f.name.startswith("."))
+
+
 def visible_files(folder: Path) -> list[Path]:
-    return sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
+    return [f for f in visible_entries(folder) if f.is_file()]
+
+
+def not_a_file(path: Path) -> str | None:
+    """What ``path`` is instead of a readable file (a broken link, a folder, ...), None for a file."""
+    if path.is_file():
+        return None
+    if path.is_symlink() and not path.exists():
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    if path.is_dir():
+        return "a folder"
+    return "not a regular file" if path.exists() else "missing"
 
 
 def detect(path: Path) -> bool:
     if not path.is_dir():
         return False
-    return any(".hyp." in f.name for f in visible_files(path))
+    return any(".hyp." in f.name for f in visible_entries(path))
 
 
 def read(path: Path, references: list[Path] | None = None) -> NBestList:
     if not path.is_dir():
         raise NBestFormatError(path, f"expected a folder of system outputs ({LAYOUT})")
-    files = visible_files(path)
+    entries = visible_entries(path)
+    for entry in entries:  # a system whose file cannot be read is an error, never a list of the other systems
+        if problem := not_a_file(entry):
+            raise NBestFormatError(entry, f"is {problem}; expected only files of the WMT layout here ({LAYOUT})")
+    files = entries
     if not files:
         raise NBestFormatError(path, f"is an empty folder; expected system outputs ({LAYOUT})")
     parsed = []
@@ -132,6 +151,8 @@ def read_systems(paths: Sequence[Path], source: Path | None = None, references: 
         raise ValueError("read_systems: expected at least one system file")
     systems: dict[str, Path] = {}
     for path in map(Path, paths):
+        if problem := not_a_file(path):
+            raise NBestFormatError(path, f"is {problem}; expected a file of one system's output, one line a segment")
         name = path.name.removesuffix(".gz")
         name = name.rsplit(".", 1)[0] if "." in name.lstrip(".") else name
         if name in systems:
@@ -159,12 +180,7 @@ def kbest(systems: dict[str, Path], source: Path | None, references: list[Path],
             )
         features[feature] = system
     files = [systems[system] for system in ordered] + ([source] if source else []) + references
-    columns = {}
-    for file in files:
-        try:
-            columns[file] = split_lines(read_text(file))
-        except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # a damaged .gz
-            raise NBestFormatError(file, f"cannot be read: {type(e).__name__}: {e}") from None
+    columns = {file: split_lines(read_text(file)) for file in files}  # (UTF-8 without a byte-order mark)
     lengths = {file: len(lines) for file, lines in columns.items()}
     counts = Counter(lengths.values())  # the odd file out is the one blamed: the count most files have is right
     base = next(file for file in files if counts[lengths[file]] == max(counts.values()))
