@@ -2,6 +2,7 @@
 and ``data.valid_fraction`` (training/valid_split.py)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +177,47 @@ def test_the_references_of_an_nbest_list_become_training_text_in_the_lms_form(tm
     listed.write_text(json.dumps(entries[1]) + "\n")
     assert rescore(["references", str(listed), "--out", str(out)]) == 2
     assert "atis.jsonl: none of its 1 entries has a reference" in capsys.readouterr().err
+
+
+def test_a_damaged_or_other_shaped_checkpoint_or_a_file_is_one_error_and_leaves_no_run(
+    initial, domain, tmp_path, capsys
+):
+    """Each a line naming --init-from and the file, exit 2, before a run folder exists (a traceback from loading the
+    weights used to leave half a run behind)."""
+    source = initial / "checkpoints" / best_checkpoint(initial)
+    config = adapt_config(tmp_path, domain)
+    run = tmp_path / "adapted"
+
+    def damaged(name: str, change) -> Path:
+        ckpt = tmp_path / name
+        shutil.copytree(source, ckpt)
+        change(ckpt)
+        return ckpt
+
+    def cut(path: Path) -> None:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+    def wider(ckpt: Path) -> None:
+        record = json.loads((ckpt / "config.json").read_text())
+        record["model"]["hidden_size"] *= 2
+        (ckpt / "config.json").write_text(json.dumps(record))
+
+    def fewer_words(ckpt: Path) -> None:
+        lines = (ckpt / "vocab.tsv").read_text().splitlines()
+        (ckpt / "vocab.tsv").write_text("\n".join(lines[:-1]) + "\n")
+
+    file = tmp_path / "model.safetensors"
+    shutil.copyfile(source / "model.safetensors", file)
+    for given, expected in (
+        (file, f"--init-from {file}: a file; expected a checkpoint folder"),
+        (damaged("cut", lambda c: cut(c / "model.safetensors")), "model.safetensors: cannot be read"),
+        (damaged("wider", wider), "model.safetensors: weights of another shape than config.json's model"),
+        (damaged("fewer", fewer_words), "model.safetensors: weights of another shape than config.json's model"),
+        (damaged("garbled", lambda c: (c / "config.json").write_text("{")), "config.json: not a checkpoint's config"),
+    ):
+        capsys.readouterr()
+        assert main(["fit", str(config), "--init-from", str(given), "--out", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"lm-train: error: --init-from {given}") and err.count("\n") == 1, err
+        assert expected in err, err
+        assert not run.exists()

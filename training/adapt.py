@@ -15,14 +15,17 @@ it started from: when no epoch improves, ``best`` is the initial weights.
 A model bundle (a release model of ``models/``) is a checkpoint too: ``training.from_bundle`` rebuilds its PyTorch
 model from the ONNX graphs' weights (fp16 or int8 storage widened back to float32) and writes it as a checkpoint,
 which goes on from here as any other; the run records the bundle (``init_from.bundle``).
+
+The checkpoint is read whole before anything is written (``initial_checkpoint``): a file where a folder belongs, a
+file missing, damaged or cut short, weights of another shape than its config's model are each one error naming
+``--init-from`` and the file, and leave no run folder behind.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from lmserve.training.checkpoint import CheckpointError, resolve_checkpoint
+from lmserve.training.checkpoint import CheckpointError, load_model_for_eval, read_config, resolve_checkpoint
 from lmserve.training.config import Config, ConfigError, apply_overrides, config_from_dict, read_config_file
 from lmserve.training.from_bundle import checkpoint_from_bundle, is_bundle
 
@@ -31,14 +34,31 @@ CHECKPOINT_FILES = ("config.json", "vocab.tsv", "model.safetensors")
 
 
 def initial_checkpoint(path: str | Path) -> Path:
-    """The checkpoint ``--init-from`` names: a checkpoint directory, or a run directory (its best checkpoint)."""
+    """The checkpoint ``--init-from`` names: a checkpoint directory, or a run directory (its best checkpoint),
+    checked whole: its config, vocabulary and weights load into its model (module docstring)."""
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(
+            f"--init-from {path}: no such folder; neither a checkpoint nor a run folder to start from"
+        )
+    if not path.is_dir():
+        raise CheckpointError(
+            f"--init-from {path}: a file; expected a checkpoint folder ({', '.join(CHECKPOINT_FILES)}) or a run "
+            "folder (its best checkpoint)"
+        )
     if is_bundle(path):  # a model bundle: its weights rebuilt from its graphs into a checkpoint (training.from_bundle)
         return checkpoint_from_bundle(path)
-    ckpt = resolve_checkpoint(path, "best")
+    try:
+        ckpt = resolve_checkpoint(path, "best")
+    except CheckpointError as e:
+        raise CheckpointError(f"--init-from {e}") from None
     for name in CHECKPOINT_FILES:
         if not (ckpt / name).is_file():
             raise CheckpointError(f"--init-from {path}: {ckpt} has no {name}")
+    try:
+        load_model_for_eval(ckpt)  # before a run folder exists: a damaged checkpoint must not leave half of one
+    except ValueError as e:  # CheckpointError, ConfigError, VocabError: each names its file
+        raise CheckpointError(f"--init-from {path}: {e}") from None
     return ckpt
 
 
@@ -47,7 +67,7 @@ def adapted_config(config_path: str | Path, overrides: list[str], ckpt: Path) ->
     vocabulary and (where the file is silent) objective, data.mode and data.lowercase (module docstring)."""
     raw = apply_overrides(read_config_file(config_path), overrides)
     given = config_from_dict(raw, str(config_path))
-    initial = config_from_dict(json.loads((ckpt / "config.json").read_text()), str(ckpt / "config.json"))
+    initial = read_config(ckpt)
     if initial.vocab.type != "word":
         raise ConfigError(
             f"--init-from {ckpt}: a {initial.vocab.type} vocabulary; continuing training is supported for word "

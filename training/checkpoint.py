@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from lmserve.core.atomic import atomic_write_text, replacing_folder
@@ -146,20 +147,48 @@ def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
     return path / "checkpoints" / name
 
 
+def read_config(ckpt: Path) -> Config:
+    """A checkpoint's ``config.json``; errors name the file."""
+    path = ckpt / "config.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not a checkpoint's config (not JSON: {e}); the checkpoint is damaged") from None
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{path}: expected a JSON object (the run's config), got {type(record).__name__}")
+    return config_from_dict(record, str(path))
+
+
 def load_model_for_eval(path: str | Path) -> tuple[Config, Vocabulary, LSTMLM]:
+    """The model of a checkpoint (or of a run's best one). Whatever is wrong with it (a file missing, cut short or of
+    another model, weights of other shapes than its config's) is a :class:`CheckpointError` naming the file."""
     ckpt = resolve_checkpoint(path)
     for required in ("config.json", "vocab.tsv", "model.safetensors"):
-        if not (ckpt / required).exists():
+        if not (ckpt / required).is_file():
             raise CheckpointError(f"{ckpt}: missing {required}")
-    config = config_from_dict(json.loads((ckpt / "config.json").read_text()), str(ckpt / "config.json"))
+    config = read_config(ckpt)
     vocab = Vocabulary.load(ckpt / "vocab.tsv")
     model = LSTMLM(len(vocab), config.model, config.head, vocab.tokens)
-    missing, unexpected = load_model(model, str(ckpt / "model.safetensors"), strict=False)
+    weights = ckpt / "model.safetensors"
+    try:
+        missing, unexpected = load_model(model, str(weights), strict=False)
+    except SafetensorError as e:
+        raise CheckpointError(f"{weights}: cannot be read ({e}); the checkpoint is damaged") from None
+    except RuntimeError as e:  # load_state_dict's size mismatch: weights of another model than config.json's
+        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e))
+        raise CheckpointError(
+            f"{weights}: weights of another shape than config.json's model (vocabulary {len(vocab)}, "
+            f"{config.model.layers}x{config.model.hidden_size}, head {config.head.type}): {first}"
+        ) from None
     if missing or unexpected:
         raise CheckpointError(
-            f"{ckpt}/model.safetensors: does not match the config (missing {missing}, extra {unexpected})"
+            f"{weights}: does not match config.json's model (missing {_few(missing)}, extra {_few(unexpected)})"
         )
     return config, vocab, model
+
+
+def _few(names: list[str], most: int = 5) -> str:
+    return str(names[:most])[:-1] + (f", ... ({len(names)} in all)]" if len(names) > most else "]")
 
 
 def load_objective_state(ckpt: Path) -> dict[str, torch.Tensor]:

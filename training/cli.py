@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -37,10 +38,16 @@ def _fit(args) -> int:
         data = {f"data.{split}": _data_path(getattr(cfg.data, split)) for split in ("train", "valid", "test")}
         data["vocab.file"] = _data_path(cfg.vocab.file)
         check_outputs({"--out": run_dir}, {"CONFIG": args.config, "--init-from": init_from, **data}, {"--out"})
-        if args.auto_resume:
-            trainer = Trainer.fresh_or_resume(cfg, run_dir, init_from)
-        else:
-            trainer = Trainer.fresh(cfg, run_dir, init_from)
+        created = not run_dir.exists()
+        try:
+            if args.auto_resume:
+                trainer = Trainer.fresh_or_resume(cfg, run_dir, init_from)
+            else:
+                trainer = Trainer.fresh(cfg, run_dir, init_from)
+        except BaseException:  # a run that never started leaves no folder behind
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
     results = trainer.fit()
     print(json.dumps(results, indent=2))
     return 0
