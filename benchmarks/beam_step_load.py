@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> dict:
     common.add_results_option(parser)
     args = parser.parse_args(argv)
     common.use_results(args.results)
+    # the server reads its config from a temporary folder, and a relative path there is relative to that folder:
+    # the paths given are the current directory's
+    args.bundle = args.bundle.absolute()
+    args.ngram = args.ngram.absolute() if args.ngram else None
     normalize, sentences, vocab, ngram = walk_inputs(args)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

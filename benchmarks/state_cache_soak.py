@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--texts", type=Path, help="(tests) sentences to walk instead of LibriSpeech's")
     parser.add_argument("--no-write", action="store_true", help="print the result, write no file (tests)")
     args = parser.parse_args(argv)
+    # the server's config lies in a temporary folder, against which a relative path would be resolved
+    args.bundle = args.bundle.absolute()
+    args.ngram = args.ngram.absolute() if args.ngram else None
     normalize, sentences, vocab, ngram = walk_inputs(args)
     walks = [Walk(sentences, vocab, args.beam, 1, i, cache=True) for i in range(args.decoders)]
     with tempfile.TemporaryDirectory() as tmp:
