@@ -44,6 +44,13 @@ lint: setup
 test: lint
 	$(PY) -m pytest
 
+# Lint and the tests not marked slow: no server or other process of ours, no training beyond a few steps, no trained
+# bundles fixture, no shared data (tests/conftest.py says how tests are marked). About a minute on 2 free cores; `make
+# test` (what CI runs) is the whole suite.
+.PHONY: test-fast
+test-fast: lint
+	$(PY) -m pytest -m "not slow" -q
+
 DATA ?= $${LMSERVE_DATA:-../shared/data}
 
 # Train a small adaptive-softmax LSTM on PTB in sentence mode (how rescoring scores sentences), evaluate it, export it

@@ -52,8 +52,28 @@ def no_gpu_reason() -> str | None:
     return None
 
 
+# What `make test-fast` (pytest -m "not slow") leaves out: tests marked ``slow`` by hand (a module's pytestmark, a
+# test's mark: other processes, training beyond a few steps) and, marked here, tests that need what takes long to
+# make whatever they do: the ``bundles`` fixture (four models trained once a session), a server process (their module
+# imports ServerProcess or running_lm_serve), or the real data sets (``integration``).
+SLOW_FIXTURES = {"bundles"}
+SERVER_STARTERS = {"ServerProcess", "running_lm_serve"}
+
+
+def slow_by_need(item: pytest.Item) -> bool:
+    if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("integration"):
+        return True
+    module = getattr(item, "module", None)
+    return module is not None and any(name in vars(module) for name in SERVER_STARTERS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the marks
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``needs_gpu`` are skipped, with the reason, where no NVIDIA GPU is visible."""
+    """Tests that need slow things are marked ``slow`` (above); tests marked ``needs_gpu`` are skipped, with the
+    reason, where no NVIDIA GPU is visible."""
+    for item in items:
+        if not item.get_closest_marker("slow") and slow_by_need(item):
+            item.add_marker(pytest.mark.slow)
     gpu_tests = [item for item in items if item.get_closest_marker("needs_gpu")]
     reason = no_gpu_reason() if gpu_tests else None
     if reason:

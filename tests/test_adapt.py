@@ -12,6 +12,8 @@ from conftest import tiny_config_text, write_corpus, write_splits
 from lmserve.training.cli import main
 from lmserve.training.vocab import Vocabulary
 
+pytestmark = pytest.mark.slow  # trains and continues runs for epochs
+
 NEW_WORD = "boston"  # the in-domain text's one word the general model never saw
 
 

@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from test_gutenberg import fake_books, write_corpus
+
+pytestmark = pytest.mark.slow  # lm-rescore and lm-train in processes of their own
 
 ARPA = """\\data\\
 ngram 1=4

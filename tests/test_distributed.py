@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 
 from benchmarks.torchrun import TORCHRUN, lm_train_fit, run_fit, worker_pid
 
+pytestmark = pytest.mark.slow  # torchrun and its ranks
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, Path]:

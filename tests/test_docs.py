@@ -406,6 +406,7 @@ def checkout(tmp_path_factory) -> Checkout:
     return Checkout(tmp_path_factory.mktemp("docs"))
 
 
+@pytest.mark.slow  # the guide's commands: trainings, servers
 @pytest.mark.parametrize("page", guide_pages(), ids=lambda p: p.stem)
 def test_tested_blocks_run(checkout, page):
     if page.name not in checkout.done:

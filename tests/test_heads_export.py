@@ -20,6 +20,8 @@ from lmserve.core.bundle import Bundle
 from lmserve.training.checkpoint import load_model_for_eval
 from lmserve.training.export import SentencesGraph, StepGraph
 
+pytestmark = pytest.mark.slow  # eleven models trained and exported
+
 # name -> (head settings, objective settings, self-normalised)
 ROWS = {
     "class": ({"type": "class", "bias_init": "unigram", "classes": 6}, {}, False),

@@ -12,6 +12,8 @@ from nbest_fuzz import CASES, FILE_NAMES, as_format, check, content, general_lis
 
 from lmserve.rescoring.nbest import FORMATS, read_nbest, write_nbest
 
+pytestmark = pytest.mark.slow  # hundreds of fuzzed files a format
+
 
 @settings(max_examples=60, deadline=None)
 @given(general=general_lists())

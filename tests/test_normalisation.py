@@ -58,6 +58,7 @@ def trained(tmp_path_factory):
     return made
 
 
+@pytest.mark.slow  # two models trained
 def test_unnormalised_export_warns_and_interp_is_refused_unless_asked(trained, tmp_path, capsys):
     out = tmp_path / "ns.bundle"
     assert train_main(["export", "--checkpoint", str(trained["ns"]), "--out", str(out)]) == 0
@@ -87,6 +88,7 @@ def test_unnormalised_export_warns_and_interp_is_refused_unless_asked(trained, t
     assert json.loads(weights.read_text())["setup"]["lambda"] == 0.5
 
 
+@pytest.mark.slow  # two models trained
 def test_stream_mode_export_warns_with_both_perplexities(trained, tmp_path, capsys):
     out = tmp_path / "stream.bundle"
     assert train_main(["export", "--checkpoint", str(trained["stream"]), "--out", str(out)]) == 0
@@ -97,6 +99,7 @@ def test_stream_mode_export_warns_with_both_perplexities(trained, tmp_path, caps
     assert f"{held['stream_ppl']:.2f} as a stream" in err and f"{held['ppl']:.2f} sentence by sentence" in err
 
 
+@pytest.mark.slow  # two models trained
 def test_a_server_does_not_interpolate_unnormalised_scores(trained, tmp_path):
     """Neither the model's lambda (ScoreSentences, ScoreNextWords) nor a profile's interp feature."""
     from lmserve.server.config import ConfigError, load_config

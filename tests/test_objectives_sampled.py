@@ -317,6 +317,7 @@ def test_nce_with_a_learned_log_z_trains_a_self_normalised_model():
         ("slim", {"type": "nce", "samples": 20, "selfnorm_alpha": 0.1, "selfnorm_gamma": 0.5}),
     ],
 )
+@pytest.mark.slow  # trains, or builds the benchmarks' full-size models
 def test_sampled_objectives_train_through_the_loop(write_config, tmp_path, head, objective):
     config = write_config("sentence", head, objective=objective, train={"epochs": 1})
     settings = ["head.bias_init=unigram", "head.learn_log_z=true", "head.slim_pool=32"]
@@ -336,6 +337,7 @@ def comparison_rows(corpus: str) -> tuple[Path, dict[str, list[str]]]:
     return config, {name: [*common, *row["set"]] for table in tables for name, row in table.items()}
 
 
+@pytest.mark.slow  # trains, or builds the benchmarks' full-size models
 @pytest.mark.parametrize("corpus", ["ptb", "ptb8", "ptb_medium", "gutenberg"])
 def test_every_comparison_row_builds_its_model_and_objective(tmp_path, corpus):
     config, rows = comparison_rows(corpus)
@@ -513,6 +515,7 @@ def test_a_zero_rate_is_fixed_importance_sampling(monkeypatch):
         AdaptiveImportanceSampling(samples=3, adapt_rate=2)
 
 
+@pytest.mark.slow  # trains, or builds the benchmarks' full-size models
 def test_checkpoints_keep_the_adapted_proposal_and_resume_with_it(write_config, tmp_path):
     config = write_config(
         "sentence",

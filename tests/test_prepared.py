@@ -80,6 +80,7 @@ def test_a_second_run_on_unchanged_inputs_does_nothing(tmp_path, texts, capsys):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
+@pytest.mark.slow  # millions of tokens, or training
 def test_memory_stays_bounded_whatever_the_corpus_size(tmp_path):
     """4M tokens (as Python objects about 180 MB) prepared by 2 workers in blocks of 256 kB: the main process and
     each worker stay far below what holding the corpus would take."""
@@ -140,6 +141,7 @@ def test_dataset_errors_name_the_file(tmp_path, texts):
         PreparedDataset(out)
 
 
+@pytest.mark.slow  # millions of tokens, or training
 @pytest.mark.parametrize("mode", ["stream", "sentence"])
 def test_fit_and_eval_read_a_prepared_dataset_like_the_text(tmp_path, texts, mode, capsys):
     prepared = tmp_path / "prep"

@@ -18,6 +18,8 @@ from lmserve.core.bundle import Bundle, BundleError, sha256_file
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestFormatError, NBestList, read_nbest, write_nbest
 
+pytestmark = pytest.mark.slow  # lm-rescore processes, killed and run again
+
 
 def lists(n: int, hyps: int = 3, words: int = 4) -> NBestList:
     """n entries of ``hyps`` hypotheses over the tiny bundles' words, with an 'am' score and one reference each."""

@@ -22,6 +22,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().split("\n")[:-1]]
 
 
+@pytest.mark.slow  # trains for epochs
 @pytest.mark.parametrize(("mode", "head"), [("stream", "full"), ("sentence", "adaptive"), ("sentence", "full")])
 def test_fit_writes_checkpoints_metrics_curves_and_results(tmp_path, write_config, capsys, mode, head):
     run = tmp_path / "run"
@@ -53,6 +54,7 @@ def test_fit_writes_checkpoints_metrics_curves_and_results(tmp_path, write_confi
     assert not list(checkpoints.glob(".*"))  # no temporary leftovers
 
 
+@pytest.mark.slow  # trains for epochs
 def test_eval_reproduces_the_run_and_reports_oov_and_log_z(tmp_path, write_config, tiny_corpus, capsys):
     run = tmp_path / "run"
     main(["fit", str(write_config("sentence", "adaptive")), "--out", str(run)])
@@ -68,6 +70,7 @@ def test_eval_reproduces_the_run_and_reports_oov_and_log_z(tmp_path, write_confi
     assert stream["mode"] == "stream" and stream["ppl"] != ev["ppl"]
 
 
+@pytest.mark.slow  # trains for epochs
 def test_self_normalised_run_has_smaller_log_z(tmp_path, write_config, capsys):
     logz = {}
     for alpha in (0.0, 1.0):
@@ -76,6 +79,7 @@ def test_self_normalised_run_has_smaller_log_z(tmp_path, write_config, capsys):
     assert abs(logz[1.0]) < 0.5 < abs(logz[0.0])
 
 
+@pytest.mark.slow  # trains for epochs
 def test_token_budget_early_stopping_and_plateau(tmp_path, write_config, capsys):
     main(["fit", str(write_config(train={"max_tokens": 300, "epochs": 5})), "--out", str(tmp_path / "a")])
     results = json.loads(capsys.readouterr().out)
@@ -87,6 +91,7 @@ def test_token_budget_early_stopping_and_plateau(tmp_path, write_config, capsys)
     assert results["epochs"] == 3 and results["stopped"].startswith("early stop")
 
 
+@pytest.mark.slow  # trains for epochs
 def test_a_finished_run_is_extended_and_annealed_by_resume_with_set(tmp_path, write_config, capsys):
     run = tmp_path / "run"
     cfg = write_config(optimizer={"name": "adam", "lr": 0.01}, train={"max_tokens": 300, "epochs": 1})
@@ -137,6 +142,7 @@ def test_learning_rate_schedules():
     assert lrs(ScheduleConfig(type="plateau", decay=0.25), [100, 90, 95, 80, 80]) == [1, 1, 1, 0.25, 0.25, 0.0625]
 
 
+@pytest.mark.slow  # trains for epochs
 def test_fit_refuses_to_overwrite_a_run_and_reports_config_errors(tmp_path, write_config, capsys):
     run = tmp_path / "run"
     cfg = write_config(train={"epochs": 1})
@@ -220,6 +226,7 @@ def resume(run: Path) -> dict:
     return json.loads((run / "results.json").read_text())
 
 
+@pytest.mark.slow  # trains for epochs
 def test_kill_9_during_epoch_3_then_resume_ends_like_an_uninterrupted_run(slow_config, uninterrupted, tmp_path):
     run = tmp_path / "run"
     status, _ = start_and_signal(slow_config, run, epoch=3, sig=signal.SIGKILL)
@@ -232,6 +239,7 @@ def test_kill_9_during_epoch_3_then_resume_ends_like_an_uninterrupted_run(slow_c
     assert any(e["event"] == "resume" for e in read_jsonl(run / "metrics.jsonl"))
 
 
+@pytest.mark.slow  # trains for epochs
 def test_ctrl_c_saves_mid_epoch_and_resume_ends_like_an_uninterrupted_run(slow_config, uninterrupted, tmp_path):
     run = tmp_path / "run"
     status, stderr = start_and_signal(slow_config, run, epoch=2, sig=signal.SIGINT)

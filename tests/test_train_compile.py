@@ -14,6 +14,8 @@ from lmserve.training.config import ConfigError, load_config
 from lmserve.training.fast_step import Router, routed_loss
 from lmserve.training.trainer import StepLosses, Trainer
 
+pytestmark = pytest.mark.slow  # torch.compile and CUDA graph captures of whole runs
+
 # fp32 on the CPU: the routed step sums the same terms in another order over padded shapes
 CPU_RTOL = 1e-4
 # bf16 products over padded shapes round differently from the eager step's, and the difference grows with the steps

@@ -26,10 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from lmserve.rescoring.ngram import find_program
 
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow  # a wheel build, a venv, a training run and a server
 
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "lmserve", "training", "rescoring", "server")
 CLI_TIMEOUT = 300
