@@ -67,7 +67,7 @@ def run_cli(*args: str, debug: bool = False) -> subprocess.CompletedProcess:
 # -- 1. a hypothesis without a feature its list-mates have ----------------------------------------------------------
 
 
-def test_1_a_missing_feature_is_an_error_not_the_best_score(tmp_path, bundles, capsys):
+def test_a_missing_feature_is_an_error_not_the_best_score(tmp_path, bundles, capsys):
     path = tmp_path / "l.jsonl"
     good = {"text": "w1 w2", "features": {"am": -5.0}}
     path.write_text(
@@ -124,7 +124,7 @@ COMPLETE = {
     ("kind", "delay"),
     [("folder", 0.0), ("folder", 0.1), ("folder", 0.2), ("file", 0.0), ("report", 0.0), ("cache", 0.0)],
 )
-def test_2_an_output_killed_while_written_is_complete_or_absent(tmp_path, kind, delay):
+def test_an_output_killed_while_written_is_complete_or_absent(tmp_path, kind, delay):
     """kill -9 during a write, from the moment its first byte is on disk: the output is complete or absent (an
     ESPnet folder was left with some of its ranks and no references, and read back as a shorter list), and the next
     write removes what the killed one left."""
@@ -156,7 +156,7 @@ def test_2_an_output_killed_while_written_is_complete_or_absent(tmp_path, kind, 
 # -- 3. the output format follows --out ------------------------------------------------------------------------------
 
 
-def test_3_out_format_follows_the_out_name(tmp_path, bundles, capsys):
+def test_out_format_follows_the_out_name(tmp_path, bundles, capsys):
     dump = tmp_path / "dev"
     write_nbest(lists(4), dump, "espnet")
     weights = weights_file(tmp_path / "w.json", bundles[("full", 0.0)][1])
@@ -175,7 +175,7 @@ def test_3_out_format_follows_the_out_name(tmp_path, bundles, capsys):
 # -- 4. errors before the expensive work ----------------------------------------------------------------------------
 
 
-def test_4_bad_input_fails_before_any_model_is_loaded(tmp_path, bundles, capsys):
+def test_bad_input_fails_before_any_model_is_loaded(tmp_path, bundles, capsys):
     weights = weights_file(tmp_path / "w.json", bundles[("full", 0.0)][1])
     good = tmp_path / "l.jsonl"
     write_nbest(lists(3), good, "jsonl")
@@ -210,7 +210,7 @@ def test_4_bad_input_fails_before_any_model_is_loaded(tmp_path, bundles, capsys)
 # -- 5. tracebacks --------------------------------------------------------------------------------------------------
 
 
-def test_5_damaged_files_and_wrong_formats_are_errors_naming_the_file(tmp_path, bundles):
+def test_damaged_files_and_wrong_formats_are_errors_naming_the_file(tmp_path, bundles):
     dump = tmp_path / "dump"
     write_nbest(lists(40, hyps=5), dump, "espnet")
     tarball = tmp_path / "dump.tar.gz"
@@ -246,7 +246,7 @@ def test_5_damaged_files_and_wrong_formats_are_errors_naming_the_file(tmp_path, 
         Scorer(bundle, threads=1)
 
 
-def test_5_no_traceback_for_a_bad_flag_a_bad_config_or_ctrl_c(tmp_path, bundles):
+def test_no_traceback_for_a_bad_flag_a_bad_config_or_ctrl_c(tmp_path, bundles):
     empty = run_cli("-m", "lmserve.training.cli", "fit", "")
     assert empty.returncode == 2 and "Traceback" not in empty.stderr and len(empty.stderr.splitlines()) == 1
     big = tmp_path / "big.jsonl"
@@ -295,7 +295,7 @@ def test_5_no_traceback_for_a_bad_flag_a_bad_config_or_ctrl_c(tmp_path, bundles)
 # -- 6. weights files work from anywhere -------------------------------------------------------------------------------
 
 
-def test_6_weights_name_models_relative_to_themselves(tmp_path, bundles, monkeypatch, capsys):
+def test_weights_name_models_relative_to_themselves(tmp_path, bundles, monkeypatch, capsys):
     work = tmp_path / "work"
     (work / "models").mkdir(parents=True)
     subprocess.run(["cp", "-r", str(bundles[("full", 0.0)][1]), str(work / "models" / "lm")], check=True)
@@ -325,7 +325,7 @@ def test_6_weights_name_models_relative_to_themselves(tmp_path, bundles, monkeyp
         ("l.kbest", "0 ||| a ||| am=-1 ||| -inf\n"),
     ],
 )
-def test_7_infinite_features_are_refused(tmp_path, name, text):
+def test_infinite_features_are_refused(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
     with pytest.raises(NBestFormatError, match=rf"{name}:1: field .*(expected a finite number|is not name=number)"):
@@ -335,7 +335,7 @@ def test_7_infinite_features_are_refused(tmp_path, name, text):
 # -- 8. a length limit, the server's ----------------------------------------------------------------------------------
 
 
-def test_8_over_long_hypotheses_are_refused_with_the_servers_limit(tmp_path):
+def test_over_long_hypotheses_are_refused_with_the_servers_limit(tmp_path):
     from lmserve.rescoring.nbest import MAX_WORDS
     from lmserve.server.config import Limits
 
@@ -353,7 +353,7 @@ def test_8_over_long_hypotheses_are_refused_with_the_servers_limit(tmp_path):
 # -- 9. --version, score --normalize -----------------------------------------------------------------------------------
 
 
-def test_9_version_and_score_normalize(tmp_path, bundles):
+def test_version_and_score_normalize(tmp_path, bundles):
     for module in ("lmserve.training.cli", "lmserve.rescoring.commands.cli", "lmserve.server.cli"):
         done = run_cli("-m", module, "--version")
         assert done.returncode == 0 and "lmserve" in done.stdout, module
@@ -382,7 +382,7 @@ def test_9_version_and_score_normalize(tmp_path, bundles):
 # -- 10. bundle file names stay in the bundle --------------------------------------------------------------------------
 
 
-def test_10_bundle_file_names_are_confined_to_the_bundle(tmp_path, bundles):
+def test_bundle_file_names_are_confined_to_the_bundle(tmp_path, bundles):
     bundle = tmp_path / "bundle"
     subprocess.run(["cp", "-r", str(bundles[("full", 0.0)][1]), str(bundle)], check=True)
     (tmp_path / "x.onnx").write_bytes((bundle / "step.onnx").read_bytes())
