@@ -11,8 +11,13 @@
         with client.stream_next_words() as stream:  # one stream per utterance
             step = stream.step([(b"", ["the", "a"])])
 
-Errors arrive as ``grpc.RpcError`` with the server's status code and message. Servers with TLS:
-``LMServeClient(target, ca="ca.pem")``, and with mutual TLS also ``cert="client.pem", key="client.key"``.
+Errors arrive as ``grpc.RpcError`` with the server's status code and message; a call or a stream step that gets no
+answer within ``timeout`` raises one with DEADLINE_EXCEEDED. Servers with TLS: ``LMServeClient(target,
+ca="ca.pem")``, and with mutual TLS also ``cert="client.pem", key="client.key"``.
+
+Threads and forks: a client (its channel) serves any number of threads; a stream answers one step at a time (steps
+from several threads take turns). A forked child must not use its parent's client: make one there
+(:meth:`LMServeClient.clone` makes it with the same settings without touching the parent's channel).
 
 It lives in ``rescoring`` (with the client side of the wire messages) because ``lm-rescore --server`` uses it and
 ``rescoring`` must not import ``server``; the server imports it from here for ``lm-serve client``. Both sides share the
@@ -22,6 +27,7 @@ generated contract, ``lmserve.v1``. Nothing else in ``rescoring`` imports this m
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -85,10 +91,13 @@ class LMServeClient:
     ):
         """``target``: ``HOST:PORT``, or replicas as ``ipv4:HOST:PORT,HOST:PORT`` (or a DNS name with several
         addresses): calls go round-robin over them (the service keeps no session, so any replica answers any call).
-        ``timeout``: the deadline of each call, in seconds (None: none). ``tls``: connect with TLS, which ``ca``,
-        ``cert`` and ``key`` imply (see :func:`channel_credentials`)."""
+        ``timeout``: the deadline of each call and, by default, of each stream step, in seconds (None: none).
+        ``tls``: connect with TLS, which ``ca``, ``cert`` and ``key`` imply (see :func:`channel_credentials`)."""
         self.target = target
         self.timeout = timeout
+        self.settings = dict(
+            target=target, timeout=timeout, max_message_bytes=max_message_bytes, tls=tls, ca=ca, cert=cert, key=key
+        )
         options = channel_options(max_message_bytes)
         if tls or ca or cert or key:
             self.channel = grpc.secure_channel(target, channel_credentials(ca, cert, key), options=options)
@@ -105,6 +114,11 @@ class LMServeClient:
 
     def close(self) -> None:
         self.channel.close()
+
+    def clone(self) -> LMServeClient:
+        """A new client with this one's settings and a channel of its own (a forked child's: the parent's channel
+        belongs to the parent, and gRPC's threads that served it did not cross the fork)."""
+        return LMServeClient(**self.settings)
 
     def score_sentences(self, sentences: Sequence[str], model: str = "", per_token: bool = False):
         request = pb.ScoreSentencesRequest(model=model, sentences=sentences, per_token=per_token)
@@ -149,10 +163,11 @@ class LMServeClient:
         request = next_words_batch_request(items, model, cache_states, scores_only, release)
         return self.stub.ScoreNextWordsBatch(request, timeout=self.timeout)
 
-    def stream_next_words(self, timeout: float | None = None) -> NextWordsStream:
+    def stream_next_words(self, timeout: float | None = None, step_timeout: float | None = ...) -> NextWordsStream:
         """A StreamNextWords stream (one per utterance, say); ``timeout``: the whole stream's deadline (default
-        none: a stream lasts as long as its decoder needs)."""
-        return NextWordsStream(self, timeout)
+        none: a stream lasts as long as its decoder needs); ``step_timeout``: each step's (default: the client's
+        ``timeout``; None: none)."""
+        return NextWordsStream(self, timeout, self.timeout if step_timeout is ... else step_timeout)
 
     def list_models(self):
         return self.stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
@@ -191,16 +206,53 @@ def next_words_batch_request(
     return request
 
 
+class StreamStepTimeout(grpc.RpcError):
+    """A stream step that got no answer within its deadline (a hung or overloaded server): DEADLINE_EXCEEDED, as a
+    call's deadline gives; the stream is cancelled."""
+
+    def __init__(self, target: str, seconds: float):
+        self.target, self.seconds = target, seconds
+        super().__init__(f"lm-serve at {target}: DEADLINE_EXCEEDED: {self.details()}")
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return f"no answer to a StreamNextWords step within {self.seconds:g} s (the stream was cancelled)"
+
+
+_END = object()  # the server ended the stream
+
+
 class NextWordsStream:
     """One StreamNextWords stream: :meth:`step` sends a request and waits for its answer (the stream keeps one
-    server and one connection for all of a decoder's steps). An error ends the stream: :meth:`step` raises the
-    ``grpc.RpcError`` with the server's status code, and later steps raise it again."""
+    server and one connection for all of a decoder's steps), at most ``step_timeout`` seconds. An error ends the
+    stream: :meth:`step` raises the ``grpc.RpcError`` with the server's status code (:class:`StreamStepTimeout`
+    when the deadline passed), and later steps raise it again. Steps from several threads take turns.
 
-    def __init__(self, client: LMServeClient, timeout: float | None = None):
+    A thread reads the answers, so that a step can stop waiting: gRPC's iterator of a stream's responses has no
+    deadline of its own, and a server that stops answering (SIGSTOP, a lost peer) would block the decoder forever."""
+
+    def __init__(self, client: LMServeClient, timeout: float | None = None, step_timeout: float | None = None):
         self.client = client
+        self.step_timeout = step_timeout
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.answers: queue.SimpleQueue = queue.SimpleQueue()
         self.responses = client.stub.StreamNextWords(iter(self.requests.get, None), timeout=timeout)
+        self.turn = threading.Lock()
+        self.failure: BaseException | None = None
         self.closed = False
+        self.reader = threading.Thread(target=self._read, name="lmserve-stream", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            for response in self.responses:
+                self.answers.put(response)
+        except grpc.RpcError as error:
+            self.answers.put(error)
+        else:
+            self.answers.put(_END)
 
     def step(
         self,
@@ -210,21 +262,45 @@ class NextWordsStream:
         scores_only: bool = False,
         release: Sequence[str] = (),
     ):
-        if self.closed:
-            raise ValueError("the stream is closed")
-        self.requests.put(next_words_batch_request(items, model, cache_states, scores_only, release))
-        return next(self.responses)
+        request = next_words_batch_request(items, model, cache_states, scores_only, release)
+        with self.turn:
+            if self.closed:
+                raise ValueError("the stream is closed")
+            if self.failure is not None:
+                raise self.failure
+            self.requests.put(request)
+            try:
+                answer = self.answers.get(timeout=self.step_timeout)
+            except queue.Empty:
+                self.failure = StreamStepTimeout(self.client.target, self.step_timeout)
+                self.requests.put(None)  # (gRPC's thread that sends the requests ends)
+                self.responses.cancel()
+                raise self.failure from None
+            if answer is _END:
+                answer = RuntimeError(f"lm-serve at {self.client.target} ended the stream without an answer")
+            if isinstance(answer, BaseException):
+                self.failure = answer
+                raise answer
+            return answer
 
-    def close(self) -> None:
-        """End the stream (the server ends its side when the requests end)."""
+    def end(self) -> None:
+        """End the requests without waiting (the server then ends its side); :meth:`close` waits for that."""
         if not self.closed:
             self.closed = True
             self.requests.put(None)
-            try:
-                for _ in self.responses:
-                    pass
-            except grpc.RpcError:
-                pass
+
+    def close(self, timeout: float | None = ...) -> None:
+        """End the stream: the requests end, and the server ends its side; one that does not within ``timeout``
+        (default: the step deadline), a hung server, is cancelled."""
+        self.end()
+        self.reader.join(self.step_timeout if timeout is ... else timeout)
+        if self.reader.is_alive():
+            self.responses.cancel()
+
+    def cancel(self) -> None:
+        """End the stream at once, whatever the server does."""
+        self.end()
+        self.responses.cancel()
 
     def __enter__(self) -> NextWordsStream:
         return self

@@ -15,7 +15,8 @@ here). flashlight calls the LM once per (hypothesis, word) from its C++ search, 
 adapter memoises every (state, word), so a pair costs one LM step once; the trie's lookahead scores (each lexicon
 word from the sentence start) come in one batched call (:meth:`LMServeFlashlightLM.unigram_scores`). With lm-serve
 each new (state, word) is one streamed request: the pyctcdecode adapter, which batches a beam step into one request,
-is the one to use against a remote LM when speed matters.
+is the one to use against a remote LM when speed matters. An adapter keeps the states of the utterance it decodes:
+one per thread (a :class:`DecoderLM` can be shared by them).
 
 The word boundary is the lexicon's: flashlight scores a word when the trie reaches its end, whatever the tokens
 (characters or subword pieces) that spell it (``rescoring.decoders``).

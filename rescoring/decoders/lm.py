@@ -18,9 +18,17 @@ are the first tokens of its words; one backend call scores all items (one LSTM s
 or stream request remotely). Words that normalise to several tokens take further rounds, one token deeper each.
 
 Faults. A remote backend turns a failed call into :class:`LMServeError` naming the address, the status code and the
-server's message. With ``fallback_ngram`` set, an unreachable server (UNAVAILABLE) instead switches this object to
-that KenLM model alone for the rest of its life, with one warning that says so; states made before continue (the
-n-gram context is read off their paths), and ``neural`` is NaN from then on.
+server's message; a call or a stream step unanswered within ``timeout`` (30 s; a hung server) is DEADLINE_EXCEEDED.
+With ``fallback_ngram`` set, a server that cannot answer (UNAVAILABLE or DEADLINE_EXCEEDED, at construction too)
+instead switches this object to that KenLM model alone, with one warning that says so; states made before continue
+(the n-gram context is read off their paths), and ``neural`` is NaN. Every ``retry_server`` seconds after that, the
+start of an utterance asks the server again: once it answers, utterances started from then on use it (with another
+warning), while those under way finish on the n-gram (their states are of an earlier *epoch*).
+
+Threads and forks. One remote object serves several threads: each thread steps on a stream of its own (one stream
+answers in order, so threads sharing one would take each other's answers), and the results are those of one thread
+alone. A forked child (a ``multiprocessing`` fork pool, pyctcdecode's ``decode_batch``) never touches its parent's
+channel or streams, whose gRPC threads did not cross the fork: it connects anew at its first call.
 """
 
 from __future__ import annotations
@@ -28,8 +36,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import threading
+import time
 import weakref
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +51,8 @@ import grpc
 from lmserve.core.textnorm import PRESETS, TextNormalizer
 
 log = logging.getLogger("lmserve.decoders")
+# the status codes of a server that cannot answer at all, which fallback_ngram stands in for
+SERVER_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 EOS = "</s>"
 # A request's items and the state tokens its answer may carry: under lm-serve's default limits (max_items 1024,
 # max_candidates 1000, 16 MiB messages), with room to spare.
@@ -48,7 +62,31 @@ MAX_STATE_BYTES = 8 << 20
 
 
 class LMServeError(RuntimeError):
-    """The LM behind a decoder could not answer; the message names the server and what it said."""
+    """The LM behind a decoder could not answer; the message names the server and what it said. ``code``: the gRPC
+    status code; ``unavailable``: the server could not answer at all (``SERVER_DOWN``), which a fallback stands in
+    for."""
+
+    code: grpc.StatusCode | None = None
+    unavailable: bool = False
+
+
+def server_error(target: str, error: grpc.RpcError) -> LMServeError:
+    code = error.code()
+    failure = LMServeError(f"lm-serve at {target}: {code.name}: {error.details()}")
+    failure.code, failure.unavailable = code, code in SERVER_DOWN
+    return failure
+
+
+# objects that must forget their parent's connections in a forked child (os.register_at_fork, once)
+_FORK_AWARE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for thing in list(_FORK_AWARE):
+        thing._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -74,6 +112,7 @@ class LMState:
     word_logprob: float = 0.0  # the score of the last word (and </s> when ended): what a decoder adds
     word_oov: bool = False  # a token of the last word was <unk>, or the model does not spell it as written
     word_tokens: int = 0  # the model tokens of the last word (0: punctuation only, or </s> alone)
+    epoch: int = 0  # the decoder's epoch when the utterance started (a return to the server after a fallback is new)
     children: dict = field(default_factory=dict, repr=False)  # (word, end) -> LMState
 
     def history(self, limit: int | None = None) -> list[str]:
@@ -89,15 +128,34 @@ class LMState:
 class DecoderLM:
     """See the module docstring; build with :meth:`local` or :meth:`remote`."""
 
-    def __init__(self, backend, normalizer: TextNormalizer, fallback_ngram: str | Path | None = None):
+    def __init__(
+        self,
+        backend,
+        normalizer: TextNormalizer,
+        fallback_ngram: str | Path | None = None,
+        connect=None,
+        retry_server: float | None = None,
+    ):
+        """``connect``: () -> (backend, normalizer), the server again (a remote object's way back after a fallback,
+        tried every ``retry_server`` seconds)."""
         self.backend = backend
         self.normalizer = normalizer
         self.fallback_ngram = fallback_ngram
-        self.fell_back = False
+        self.connect = connect
+        self.retry_server = retry_server
+        self.fell_back = False  # on the fallback n-gram now
+        self.epoch = 0  # one more at each return to the server: earlier utterances' states stay on the n-gram
         self.calls = 0  # backend calls (one per beam step and token depth): the benchmarks report LM calls/s
         self.pairs = 0  # (state, word) pairs scored through them
         self._tokens: dict[str, tuple[str, ...]] = {}
         self._vocabulary: list[str] | None = None
+        self._ngram: NgramBackend | None = None
+        self._retry_at = math.inf
+        self._lock = threading.Lock()  # the backend, epoch and counts; held for no call
+        _FORK_AWARE.add(self)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # (another thread of the parent may have held it at the fork)
 
     @classmethod
     def local(
@@ -133,23 +191,41 @@ class DecoderLM:
         key: str | Path | None = None,
         timeout: float | None = 30.0,
         fallback_ngram: str | Path | None = None,
+        retry_server: float | None = 60.0,
+        normalize: str | None = None,
     ) -> DecoderLM:
-        """lm-serve at ``target`` (``HOST:PORT``), its ``model`` (empty: the default). ``stream``: one
-        StreamNextWords stream for all steps (else a ScoreNextWordsBatch call each); ``cache_states``: states stay
+        """lm-serve at ``target`` (``HOST:PORT``), its ``model`` (empty: the default). ``stream``: a StreamNextWords
+        stream for all steps, one per thread (else a ScoreNextWordsBatch call each); ``cache_states``: states stay
         in the server's state cache (ids travel, released when the decoder drops them; the server's cache must hold
-        a beam's states); ``tls``/``ca``/``cert``/``key``: as ``LMServeClient``; ``timeout``: per call (a stream
-        has none); ``fallback_ngram``: see the module docstring."""
+        a beam's states); ``tls``/``ca``/``cert``/``key``: as ``LMServeClient``; ``timeout``: the deadline of each
+        call and of each stream step, in seconds (None: none; a server that stops answering then blocks the decoder
+        for good). ``fallback_ngram``, ``retry_server``: see the module docstring (None: never ask again);
+        ``normalize``: the ``textnorm`` preset of the model's words while the server has not said (a fallback from
+        construction on; else words are read as written): the server's own settings win once it answers."""
         from lmserve.rescoring.client import LMServeClient
 
-        client = LMServeClient(target, timeout=timeout, tls=tls, ca=ca, cert=cert, key=key)
+        def connect() -> tuple[RemoteBackend, TextNormalizer]:
+            client = LMServeClient(target, timeout=timeout, tls=tls, ca=ca, cert=cert, key=key)
+            try:
+                info = client.model_info(model)
+            except grpc.RpcError as error:
+                client.close()
+                raise server_error(target, error) from None
+            normalizer = TextNormalizer.from_dict(json.loads(info.normalisation_settings_json))
+            return RemoteBackend(client, info, stream, cache_states, step_timeout=timeout), normalizer
+
         try:
-            info = client.model_info(model)
-        except grpc.RpcError as error:
-            client.close()
-            raise LMServeError(f"lm-serve at {target}: {error.code().name}: {error.details()}") from None
-        normalizer = TextNormalizer.from_dict(json.loads(info.normalisation_settings_json))
-        backend = RemoteBackend(client, info, stream=stream, cache_states=cache_states)
-        return cls(backend, normalizer, fallback_ngram)
+            backend, normalizer = connect()
+        except LMServeError as error:
+            if fallback_ngram is None or not error.unavailable:
+                raise
+            lm = cls(None, PRESETS[normalize or "none"], fallback_ngram, connect, retry_server)  # (the n-gram, below)
+            what = "this decoder's LM is the n-gram %s alone"
+            if not normalize:
+                what += ", its words read as written (no normalize= preset)"
+            lm._switch_to_ngram(error, None, what)
+            return lm
+        return cls(backend, normalizer, fallback_ngram, connect, retry_server)
 
     def close(self) -> None:
         self.backend.close()
@@ -180,9 +256,14 @@ class DecoderLM:
         """Whether some vocabulary word starts with ``partial`` as written (in the model's case: not normalised
         further, see :meth:`as_written`); an open vocabulary has every word."""
         if self._vocabulary is None:
-            if self.backend.open_vocabulary:
+            backend = self.backend
+            if backend.open_vocabulary:
                 return True
-            self._vocabulary = sorted(self.backend.vocabulary())
+            try:
+                self._vocabulary = sorted(backend.vocabulary())
+            except LMServeError as error:
+                self._fall_back(error, backend)
+                return True  # (the n-gram's: an open vocabulary)
         prefix = self.normalizer.cased(partial)
         at = bisect_left(self._vocabulary, prefix)
         return at < len(self._vocabulary) and self._vocabulary[at].startswith(prefix)
@@ -190,7 +271,13 @@ class DecoderLM:
     # -- scoring -----------------------------------------------------------------------------------------------
 
     def start(self) -> LMState:
-        return LMState(self.backend.start())
+        """A new utterance's state; after a fallback, once ``retry_server`` seconds have passed, the server is asked
+        again first."""
+        if self.fell_back and time.monotonic() >= self._retry_at:
+            self._try_server()
+        with self._lock:
+            backend, epoch = self.backend, self.epoch
+        return LMState(backend.start(), epoch=epoch)
 
     def score(self, state: LMState, word: str, end: bool = False) -> tuple[float, LMState]:
         return self.score_many([(state, word, end)])[0]
@@ -239,6 +326,7 @@ class DecoderLM:
                     total[3] = total[3] or (s.oov and token != EOS)
                     if token != EOS:  # the state after </s> is never continued: the child keeps the one before it
                         node = LMState(s.handle, at[i], token, at[i].neural + s.neural, at[i].logprob + s.logprob)
+                        node.epoch = at[i].epoch
                         self.backend.track(node)
                         at[i] = node
         done = {}
@@ -246,7 +334,7 @@ class DecoderLM:
             neural, logprob, oov, word_oov = sums[i]
             child = at[i]
             if child is state:  # no token read (a word of punctuation, or </s> alone): the LM goes on from here
-                child = LMState(state.handle, state.parent, state.token)
+                child = LMState(state.handle, state.parent, state.token, epoch=state.epoch)
                 self.backend.track(child)
             child.neural, child.logprob, child.oov = state.neural + neural, state.logprob + logprob, state.oov + oov
             child.words = state.words + (1 if tokens[i] else 0)
@@ -256,23 +344,74 @@ class DecoderLM:
             if keep:
                 state.children[(word, end)] = child
             done[(id(state), word, end)] = child
-        self.pairs += len(pairs)
+        with self._lock:
+            self.pairs += len(pairs)
         return done
 
     def _call(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
-        self.calls += 1
+        with self._lock:
+            self.calls += 1
+            backend, epoch = self.backend, self.epoch
+        # the backend's items: all of them, but states of utterances started before the last return to the server
+        ours = [] if backend is self._ngram else [k for k, (state, _) in enumerate(items) if state.epoch == epoch]
+        out: list = [None] * len(items)
+        if ours:
+            try:
+                answers = backend.step([items[k] for k in ours], keep)
+            except LMServeError as error:
+                self._fall_back(error, backend)
+                answers, ours = [], []
+            for k, scored in zip(ours, answers, strict=True):
+                out[k] = scored
+        rest = [k for k in range(len(items)) if out[k] is None]
+        if rest:
+            for k, scored in zip(rest, self._ngram_backend().step([items[k] for k in rest], keep), strict=True):
+                out[k] = scored
+        return out
+
+    # -- the fallback n-gram and the way back ------------------------------------------------------------------
+
+    def _ngram_backend(self) -> NgramBackend:
+        with self._lock:
+            if self._ngram is None:
+                self._ngram = NgramBackend(self.fallback_ngram)
+            return self._ngram
+
+    def _fall_back(self, error: LMServeError, backend) -> None:
+        """After ``backend`` failed with ``error``: switch to the n-gram, or raise ``error`` when there is none or
+        the server answered (its error stands). A backend that another thread replaced already: the n-gram goes on."""
+        if self.fallback_ngram is None or (self.backend is backend and not error.unavailable):
+            raise error
+        self._switch_to_ngram(error, backend, "from now on this decoder's LM is the n-gram %s alone")
+
+    def _switch_to_ngram(self, error: LMServeError, backend, what: str) -> None:
+        ngram = self._ngram_backend()
+        with self._lock:
+            if self.backend is not backend and backend is not None:
+                return  # another thread switched
+            self.backend, self.fell_back = ngram, True
+            retry = self.retry_server if self.connect is not None else None
+            self._retry_at = math.inf if retry is None else time.monotonic() + retry
+        again = "" if retry is None else f"; the server is asked again in {retry:g} s"
+        log.warning(f"%s; {what} (fallback_ngram){again}", error, self.fallback_ngram)
+        if backend is not None:
+            backend.close(wait=False)
+
+    def _try_server(self) -> None:
+        with self._lock:
+            if not self.fell_back or time.monotonic() < self._retry_at:
+                return
+            self._retry_at = time.monotonic() + self.retry_server  # other threads go on with the n-gram meanwhile
         try:
-            return self.backend.step(items, keep)
+            backend, normalizer = self.connect()
         except LMServeError as error:
-            if self.fallback_ngram is None or not getattr(error, "unavailable", False):
-                raise
-            log.warning(
-                "%s; from now on this decoder's LM is the n-gram %s alone (fallback_ngram)", error, self.fallback_ngram
-            )
-            self.backend.close()
-            self.backend = NgramBackend(self.fallback_ngram)
-            self.fell_back = True
-            return self.backend.step(items, keep)
+            log.info("%s; still on the n-gram %s, asked again in %g s", error, self.fallback_ngram, self.retry_server)
+            return
+        with self._lock:
+            self.backend, self.normalizer, self.fell_back = backend, normalizer, False
+            self._tokens, self._vocabulary = {}, None
+            self.epoch += 1
+        log.warning("%s answers again: utterances started from now on use it (fallback_ngram)", backend.describe)
 
 
 # -- backends ------------------------------------------------------------------------------------------------------
@@ -303,31 +442,63 @@ class LocalBackend:
     def track(self, state: LMState) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         pass
 
 
 class RemoteBackend:
-    """lm-serve: one stream (or a unary call per step) per object; requests split under the server's limits."""
+    """lm-serve: a stream per thread (or a unary call per step); requests split under the server's limits.
 
-    def __init__(self, client, info, stream: bool = True, cache_states: bool = False):
+    Threads share the channel; each steps on its own stream (made at its first step; the streams of threads that have
+    ended are closed when another is made, all of them by :meth:`close`). In a forked child, the parent's channel and
+    streams are left alone (:meth:`_after_fork`) and the first call connects anew (``client.clone()``)."""
+
+    def __init__(self, client, info, stream: bool = True, cache_states: bool = False, step_timeout=None):
         self.client = client
+        self.new_client = client.clone
+        self.target = client.target
         self.info = info
         self.model = info.name
         self.use_stream = stream
         self.cache_states = cache_states
-        self.stream = None
+        self.step_timeout = step_timeout
         self.describe = f"lm-serve at {client.target} (model {info.name!r})"
         self.open_vocabulary = json.loads(info.manifest_json or "{}").get("vocab", {}).get("type") == "subword"
-        self.released: list[str] = []  # cache ids of states the decoder dropped, sent with the next request
-        self.holders: dict[str, int] = {}  # cache id -> live states holding it
         self.state_bytes = 0  # the size of a state token, once seen
+        self.closed = False
+        self._fresh_state()
+        _FORK_AWARE.add(self)
+
+    def _fresh_state(self) -> None:
+        self.lock = threading.Lock()  # what follows; held for no call
+        self.streams: dict[threading.Thread, object] = {}  # thread -> its NextWordsStream
+        self.holders: dict[str, int] = {}  # cache id -> live states holding it
+        self.dropped: deque = deque()  # (cache id, thread) of states the decoder dropped, from their finalizers
+        self.pending: dict[threading.Thread | None, list[str]] = {}  # ids to release, by the thread that made them
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's channel and streams without a call on them (they are the parent's,
+        and gRPC's threads behind them did not cross the fork); the next call connects anew."""
+        self.client = None
+        self._fresh_state()
+
+    def _client(self):
+        client = self.client
+        if client is None:
+            with self.lock:
+                if self.closed:
+                    raise LMServeError(f"{self.describe}: this decoder's LM was closed")
+                if self.client is None:
+                    self.client = self.new_client()
+                client = self.client
+        return client
 
     def start(self):
         return "" if self.cache_states else b""
 
     def vocabulary(self) -> list[str]:
-        words = self._rpc(lambda: self.client.score_next_words(model=self.model, all_words=True)).words
+        client = self._client()
+        words = self._rpc(lambda: client.score_next_words(model=self.model, all_words=True)).words
         return [w.word for w in words if not (w.word.startswith("<") and w.word.endswith(">"))]
 
     def step(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
@@ -361,47 +532,92 @@ class RemoteBackend:
         return Scored(word.neural, word.logprob, word.oov, handle)
 
     def _request(self, items, keep: bool):
-        release, self.released = self.released, []
         cache = keep and self.cache_states
-        kwargs = dict(model=self.model, cache_states=cache, scores_only=not keep, release=release)
+        kwargs = dict(model=self.model, cache_states=cache, scores_only=not keep)
         if not self.use_stream:
-            return self._rpc(lambda: self.client.score_next_words_batch(items, **kwargs))
-        if self.stream is None:
-            self.stream = self.client.stream_next_words()
+            client, release = self._client(), self._take_released(None)
+            return self._rpc(lambda: client.score_next_words_batch(items, release=release, **kwargs))
+        thread = threading.current_thread()
+        stream = self.streams.get(thread) or self._open_stream(thread)
+        release = self._take_released(thread)
         try:
-            return self._rpc(lambda: self.stream.step(items, **kwargs))
+            return self._rpc(lambda: stream.step(items, release=release, **kwargs))
         except LMServeError:
-            self.stream = None  # an error ends a stream: the next step opens another
+            with self.lock:  # an error ends a stream: the thread's next step opens another
+                if self.streams.get(thread) is stream:
+                    del self.streams[thread]
             raise
+
+    def _open_stream(self, thread: threading.Thread):
+        stream = self._client().stream_next_words(step_timeout=self.step_timeout)
+        with self.lock:
+            ended = [t for t in self.streams if not t.is_alive()]
+            closing = [self.streams.pop(t) for t in ended]
+            for t in ended:  # their ids go with the next request of any thread
+                self.pending.setdefault(None, []).extend(self.pending.pop(t, []))
+            self.streams[thread] = stream
+        for old in closing:
+            old.close()
+        return stream
 
     def _rpc(self, call):
         try:
             return call()
         except grpc.RpcError as error:
-            failure = LMServeError(f"lm-serve at {self.client.target}: {error.code().name}: {error.details()}")
-            failure.unavailable = error.code() == grpc.StatusCode.UNAVAILABLE
-            failure.code = error.code()
-            raise failure from None
+            raise server_error(self.target, error) from None
 
     def track(self, state: LMState) -> None:
-        """Release ``state``'s cache id once no state holding it is left (the decoder dropped them)."""
+        """Release ``state``'s cache id once no state holding it is left (the decoder dropped them), on the stream of
+        the thread that made it (the server that holds it when the target has replicas)."""
         if isinstance(state.handle, str) and state.handle:
-            self.holders[state.handle] = self.holders.get(state.handle, 0) + 1
-            weakref.finalize(state, self._drop, state.handle)
+            owner = threading.current_thread() if self.use_stream else None
+            with self.lock:
+                self.holders[state.handle] = self.holders.get(state.handle, 0) + 1
+            # a finalizer runs in whatever thread the collector does, maybe one holding the lock: it only appends
+            weakref.finalize(state, self.dropped.append, (state.handle, owner))
 
-    def _drop(self, state_id: str) -> None:
-        left = self.holders.get(state_id, 1) - 1
-        if left > 0:
-            self.holders[state_id] = left
+    def _count_drops(self) -> None:
+        # (with the lock held)
+        while self.dropped:
+            state_id, owner = self.dropped.popleft()
+            left = self.holders.get(state_id, 1) - 1
+            if left > 0:
+                self.holders[state_id] = left
+            else:
+                self.holders.pop(state_id, None)
+                self.pending.setdefault(owner, []).append(state_id)
+
+    def _take_released(self, owner: threading.Thread | None) -> list[str]:
+        with self.lock:
+            self._count_drops()
+            release = self.pending.pop(owner, [])
+            if owner is not None:
+                release += self.pending.pop(None, [])
+            return release
+
+    @property
+    def released(self) -> list[str]:
+        """The cache ids that the next requests will release."""
+        with self.lock:
+            self._count_drops()
+            return [state_id for ids in self.pending.values() for state_id in ids]
+
+    def close(self, wait: bool = True) -> None:
+        """Close the streams and the channel; ``wait=False``: cancel them at once (a server that failed)."""
+        with self.lock:
+            streams, self.streams = list(self.streams.values()), {}
+            client, self.client, self.closed = self.client, None, True
+        if wait:
+            for stream in streams:
+                stream.end()
+            deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
+            for stream in streams:  # (all at once: a hung server costs one deadline, not one per stream)
+                stream.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
         else:
-            self.holders.pop(state_id, None)
-            self.released.append(state_id)
-
-    def close(self) -> None:
-        if self.stream is not None:
-            self.stream.close()
-            self.stream = None
-        self.client.close()
+            for stream in streams:
+                stream.cancel()
+        if client is not None:
+            client.close()
 
 
 class NgramBackend:
@@ -439,5 +655,5 @@ class NgramBackend:
     def track(self, state: LMState) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         pass

@@ -19,7 +19,9 @@ pyctcdecode itself asks for one (state, word) at a time. :class:`BatchedBeamSear
 :func:`build_ctcdecoder` makes) first gathers every word that a frame's beams complete and scores them in one LM call
 (one LSTM step locally, one request on lm-serve), then lets pyctcdecode's own code run on the filled cache; its
 results are those of the plain decoder with the same LM. The plain ``BeamSearchDecoderCTC(alphabet, lm)`` works too,
-one call per word. Use ``pool=None`` with ``decode_batch``: a remote LM's connection does not cross a fork.
+one call per word. One decoder serves several threads (a remote LM steps on a stream per thread), and
+``decode_batch`` takes a fork pool (each worker connects anew after the fork; pyctcdecode itself decodes in one
+process when given a spawn pool, since its workers find the LM by inheritance).
 """
 
 from __future__ import annotations
