@@ -26,10 +26,11 @@ import grpc
 
 from lmserve.server import messages
 from lmserve.server.config import load_config
+from lmserve.server.errors import RequestError
 from lmserve.server.logs import LOGGER
 from lmserve.server.metrics import Metrics
 from lmserve.server.models import ModelSet
-from lmserve.server.service import LMServicer, RequestError
+from lmserve.server.service import LMServicer
 from lmserve.v1 import lmserve_pb2 as pb
 
 ADMIN_SERVICE = pb.DESCRIPTOR.services_by_name["Admin"]

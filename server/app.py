@@ -7,6 +7,13 @@ checked and answered while others score; concurrent calls of a model are merged 
 (``server.batching``), which runs in the pool's threads or, with ``engine = "processes"``, in scoring processes
 (``server.engine``). Prometheus metrics, when configured, are served over HTTP on a port of their own.
 
+Health: service "" is the process (liveness: SERVING from the start to the shutdown); service
+``lmserve.v1.LMService`` is readiness: NOT_SERVING also while ``max_concurrent_calls`` calls are in flight, SERVING
+again once one ends. The concurrency limit is the servicer's, not gRPC's (``maximum_concurrent_rpcs`` counts health
+checks too: 64 open decoder streams made every health check RESOURCE_EXHAUSTED, and a liveness probe would have
+restarted a busy pod): a full server refuses a call before reading its request (:class:`CallLimit`), and the
+servicer counts calls in exactly; health checks are never refused.
+
 Stopping: health turns NOT_SERVING (load balancers move away), the port stops taking calls, the calls in flight get
 up to ``grace_seconds`` to finish, and only then are the rest cancelled and the process exits (with 0).
 """
@@ -29,13 +36,37 @@ from grpc_reflection.v1alpha import reflection
 from lmserve.server.admin import ADMIN_SERVICE, AdminServicer, Reloader
 from lmserve.server.config import Config, ConfigError, Tls
 from lmserve.server.engine import ProcessEngine
-from lmserve.server.logs import LOGGER
+from lmserve.server.logs import LOGGER, quiet_onnxruntime
 from lmserve.server.metrics import Metrics
 from lmserve.server.models import ModelSet
 from lmserve.server.service import SERVICE, LMServicer
 
 log = logging.getLogger(LOGGER)
 TASKS_WAIT_SECONDS = 2.0  # at shutdown, for the tasks of calls cancelled by it (LMServer.tasks_finished)
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+LIVENESS = ""  # the health service names a probe asks for (deploy/kubernetes/deployment.yaml)
+READINESS = SERVICE.full_name
+
+
+class CallLimit(grpc.aio.ServerInterceptor):
+    """While the servicer is full (``server.max_concurrent_calls`` in flight), calls other than health checks are
+    refused before their request is read: the refusal is a streaming handler that never reads, whatever the method,
+    so a full server does not take in a flood's request bytes. Calls that arrive together while there is room are
+    counted by the servicer itself (``LMServicer.enter``), which refuses the ones beyond the limit exactly."""
+
+    def __init__(self, servicer: LMServicer):
+        self.servicer = servicer
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        if not self.servicer.saturated or details.method.startswith(f"/{HEALTH_SERVICE}/"):
+            return await continuation(details)
+        method = details.method.rsplit("/", 1)[-1]
+
+        async def refuse(requests, context: grpc.aio.ServicerContext) -> None:
+            error = self.servicer.refuse(method, context.peer())
+            await context.abort(error.code, error.message)
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
 
 
 class LMServer:
@@ -46,6 +77,21 @@ class LMServer:
         self.engine = None  # scorer calls in the pool's threads
         if config.server.engine == "processes":
             self.engine = ProcessEngine(workers, lambda: [m.ref() for m in self.models.models.values()])
+        self.metrics = Metrics() if config.server.metrics_port >= 0 else None
+        if self.metrics:
+            self.metrics.generation.set(models.generation)
+        self.servicer = LMServicer(
+            models,
+            config.limits,
+            self.pool,
+            workers,
+            config.batching,
+            self.metrics,
+            self.engine,
+            config.state_cache,
+            config.server.max_concurrent_calls,
+        )
+        self.servicer.on_saturation = self.saturation_changed
         size = config.limits.max_message_bytes
         self.server = grpc.aio.server(
             options=[
@@ -53,13 +99,7 @@ class LMServer:
                 ("grpc.max_send_message_length", size),
                 ("grpc.so_reuseport", 0),  # a port already in use is an error, not a silently shared port
             ],
-            maximum_concurrent_rpcs=config.server.max_concurrent_calls,
-        )
-        self.metrics = Metrics() if config.server.metrics_port >= 0 else None
-        if self.metrics:
-            self.metrics.generation.set(models.generation)
-        self.servicer = LMServicer(
-            models, config.limits, self.pool, workers, config.batching, self.metrics, self.engine, config.state_cache
+            interceptors=[CallLimit(self.servicer)],
         )
         self.reloader = Reloader(config.path, self.servicer, self.metrics)
         handlers = [self.servicer.generic_handler()]
@@ -70,7 +110,7 @@ class LMServer:
         self.server.add_generic_rpc_handlers(handlers)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names += [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        names += [HEALTH_SERVICE, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         self.port = 0
         self.background: set[asyncio.Task] = set()  # SIGHUP reloads, kept until done
@@ -105,7 +145,7 @@ class LMServer:
                 await self.server.stop(None)
                 raise OSError(f"cannot serve metrics on {host}:{metrics_port}: {e.strerror}") from e
             log.info("metrics", extra={"fields": {"host": host, "port": bound, "path": "/metrics"}})
-        for service in ("", SERVICE.full_name):
+        for service in (LIVENESS, READINESS):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         tls = "off" if self.config.tls is None else "mutual" if self.config.tls.client_ca else "server"
         fields = {"host": host, "port": self.port, "pid": os.getpid(), "models": list(self.models.models), "tls": tls}
@@ -163,6 +203,13 @@ class LMServer:
         await stop.wait()
         loop.remove_signal_handler(signal.SIGHUP)
         await self.stop()
+
+    def saturation_changed(self, saturated: bool) -> None:
+        """Readiness follows the servicer's room for calls (liveness does not: a full server is alive)."""
+        status = health_pb2.HealthCheckResponse.NOT_SERVING if saturated else health_pb2.HealthCheckResponse.SERVING
+        task = asyncio.get_running_loop().create_task(self.health.set(READINESS, status))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     def reload_in_background(self) -> None:
         log.info("reload requested", extra={"fields": {"by": "SIGHUP"}})
@@ -223,6 +270,7 @@ async def serve(
         config.server.metrics_port = metrics_port
     if device is not None:
         config.server.device = device
+    quiet_onnxruntime()
     server = LMServer(config, ModelSet.load(config))  # no other reference: a reload must be able to free them
     await server.start(host, port)
     await server.serve_until_signal()

@@ -45,6 +45,53 @@ from lmserve.server.metrics import Metrics
 PEAK_DECAY = 0.98  # a falling load is followed within about 50 batches
 
 
+class Budget:
+    """Room for work in flight, in estimated bytes, shared by the calls of a server: a call takes its share before
+    its work and gives it back once its answer is made, and a call that does not fit waits its turn (first come,
+    first served: a big call is not overtaken for ever by small ones). A call larger than the whole budget runs
+    alone. Why: the engine's workers finish steps faster than the event loop turns their results into answers, and
+    without a bound the results of every open stream could wait in memory at once."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.used = 0
+        self.waiting: deque[tuple[int, asyncio.Future]] = deque()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, amount: int):
+        amount = min(amount, self.capacity)
+        if self.waiting or self.used + amount > self.capacity:
+            entry = (amount, asyncio.get_running_loop().create_future())
+            self.waiting.append(entry)
+            try:
+                await entry[1]
+            except BaseException:  # cancelled (deadline, client gone) while waiting, or just as its turn came
+                if entry in self.waiting:
+                    self.waiting.remove(entry)
+                    self._wake()
+                elif entry[1].done() and not entry[1].cancelled():
+                    self._give_back(amount)
+                raise
+        else:
+            self.used += amount
+        try:
+            yield
+        finally:
+            self._give_back(amount)
+
+    def _give_back(self, amount: int) -> None:
+        self.used -= amount
+        self._wake()
+
+    def _wake(self) -> None:
+        while self.waiting and self.used + self.waiting[0][0] <= self.capacity:
+            amount, future = self.waiting.popleft()
+            if future.done():  # its caller was cancelled while it waited
+                continue
+            self.used += amount
+            future.set_result(None)
+
+
 class Expired(Exception):
     """The call's deadline passed while its work waited in the queue."""
 

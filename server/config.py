@@ -10,7 +10,10 @@
     device = "cpu"                # where the neural LMs run: "cpu" or "cuda" (onnxruntime-gpu: lmserve[gpu]); the
                                   # command line's --device wins
     default_model = "librispeech" # for requests that name no model; default: the first model below
-    max_concurrent_calls = 64     # calls beyond this are refused with RESOURCE_EXHAUSTED
+    max_concurrent_calls = 64     # calls (a stream: one, while open) of the LM and Admin services beyond this are
+                                  # refused with RESOURCE_EXHAUSTED and logged ("call refused"); health checks never
+                                  # are, and health service "lmserve.v1.LMService" (readiness) is NOT_SERVING while
+                                  # this many are in flight, "" (liveness) stays SERVING
     grace_seconds = 5.0           # on SIGTERM/SIGINT, how long in-flight calls may take to finish
     metrics_port = 9090           # Prometheus /metrics over HTTP on the same host; 0: any free port; -1 (default): off
     admin = false                 # the lmserve.v1.Admin service (ReloadModels) on the same port, unauthenticated
@@ -24,16 +27,25 @@
     max_hypotheses = 20000        # RescoreNBest/KBest: hypotheses per request, all lists together
     max_candidates = 1000         # ScoreNextWords: candidates, or top_k; ScoreNextWordsBatch: candidates per item
     max_items = 1024              # ScoreNextWordsBatch and StreamNextWords: items (states) per request
-    max_message_bytes = 16777216  # any request or response
+    max_step_words = 16384        # ScoreNextWordsBatch and StreamNextWords: words to score per request, all items'
+                                  # candidates together (items x candidates; 1024 x 1000 took 7 GB RSS): at most one
+                                  # batch of [batching] max_batch_tokens
+    max_message_bytes = 16777216  # any request or response; a step whose answer would be larger (state tokens are
+                                  # most of it: a 2x256 LSTM's is 4 kB a word) is refused before it is scored
+    steps_in_flight_mb = 64       # not a refusal: decoder steps of all calls together hold at most about this much
+                                  # memory (answers, state tokens, states made; estimated) between being scored and
+                                  # answered; steps beyond it wait their turn (one larger than it runs alone)
 
     [batching]                    # concurrent calls of one model merged into one scorer call (ScoreSentences, and the
     enabled = true                # LM scores of RescoreNBest/KBest); false: every call scores alone
-    max_batch_tokens = 16384      # words + </s> of all sentences or hypotheses in one batch (a bigger call runs alone)
+    max_batch_tokens = 16384      # words + </s> of all sentences or hypotheses in one batch, or the candidate words
+                                  # of decoder steps (a bigger call runs alone)
     max_wait_ms = 10.0            # how long a free worker waits for company while the model is busy (idle: no wait)
 
     [state_cache]                 # decoder states kept on the server for clients that ask (cache_states): ids, not
     max_mb = 64.0                 # tokens, travel; at most this many MB of states (least recently used evicted
-    ttl_seconds = 60.0            # first), each dropped after this long unused; max_mb = 0: no cache
+    ttl_seconds = 60.0            # first), each dropped after this long unused; max_mb = 0: no cache. A step that
+                                  # would keep more states than max_mb holds is refused (RESOURCE_EXHAUSTED)
 
     [tls]                         # optional; without it the port is plaintext (and on loopback by default)
     cert = "tls/server.pem"       # PEM certificate chain of the server
@@ -81,7 +93,9 @@ class Limits:
     max_hypotheses: int = 20000
     max_candidates: int = 1000
     max_items: int = 1024
+    max_step_words: int = 16384
     max_message_bytes: int = 16 * 1024 * 1024
+    steps_in_flight_mb: int = 64
 
 
 @dataclass

@@ -65,6 +65,9 @@ def _load(models: list[tuple], started) -> None:
     """A worker's initializer: load the models (``ServedModel.ref()`` of each)."""
     global _started
     _started = started
+    from lmserve.server.logs import quiet_onnxruntime
+
+    quiet_onnxruntime()
     for ref in models:
         resolve(*ref)
 

@@ -40,6 +40,14 @@ class JsonFormatter(logging.Formatter):
         return self.encode(entry)
 
 
+def quiet_onnxruntime() -> None:
+    """ONNX Runtime's own log lines (coloured, not JSON) down to its errors; before the first session is made. Its
+    telemetry warning comes at import, earlier: ``lmserve.server`` turns that telemetry off (``__init__.py``)."""
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)
+
+
 def setup_logging(level: str = "info", stream=None) -> logging.Logger:
     """JSON lines on ``stream`` (stderr) for the ``lmserve`` logger; idempotent."""
     logger = logging.getLogger(LOGGER)

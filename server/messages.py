@@ -14,6 +14,7 @@ from lmserve.rescoring.interpolated import NextWord, TokenScores
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry
 from lmserve.rescoring.rescore import RESCORE_FEATURE, Setup
 from lmserve.rescoring.scorer import LN10
+from lmserve.server.errors import invalid
 from lmserve.server.models import Profile, ServedModel
 from lmserve.v1 import lmserve_pb2 as pb
 
@@ -77,10 +78,10 @@ def nbest_entry(message: pb.HypothesisList, where: str) -> NBestEntry:
         features = dict(h.features)  # (one read of the map: reading it is most of what this function costs)
         if not all(map(math.isfinite, features.values())):
             name, value = next((n, v) for n, v in features.items() if not math.isfinite(v))
-            raise ValueError(f"{where}.hypotheses[{k}].features[{name!r}] = {value}: expected a finite number")
+            raise invalid(f"{where}.hypotheses[{k}].features[{name!r}] = {value}: expected a finite number")
         rank = h.rank if h.HasField("rank") else None  # None: its position (feature rank, original_rank)
         if rank is not None and rank < 1:
-            raise ValueError(f"{where}.hypotheses[{k}].rank = {rank}: expected a 1-based rank, or none")
+            raise invalid(f"{where}.hypotheses[{k}].rank = {rank}: expected a 1-based rank, or none")
         hypotheses.append(Hypothesis(h.text, features, rank))
     source = message.source if message.HasField("source") else None  # "" is a source (src_ratio: one word)
     return NBestEntry(message.id, hypotheses, list(message.references), source)

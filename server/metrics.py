@@ -1,7 +1,9 @@
 """Prometheus metrics on their own HTTP port (``/metrics``), apart from the gRPC port so that scrapers need no gRPC
 and the service port can stay private.
 
-Every call is counted by method and status code and timed; the tokens each call scored (words and ``</s>``, per
+Every call is counted by method and status code and timed; a stream is one call, counted when it ends, and each of
+its steps (a request and its answer) is timed as it is answered, so that the default decoder mode (StreamNextWords)
+has per-step latency; calls refused for the concurrency limit are counted by limit. The tokens each call scored (words and ``</s>``, per
 model) show the real work behind a request count, and the words among them scored as <unk> show text in another form
 than the model's (a share near 1), which would otherwise pass unseen. Micro-batching (``server.batching``) reports
 how many calls wait and how many calls and tokens each batch merged, by kind of work; reloads are counted by outcome,
@@ -42,6 +44,19 @@ class Metrics:
             ["method", "model"],
             registry=self.registry,
         )
+        self.step_latency = Histogram(
+            "lmserve_stream_step_seconds",
+            "Latency of one step of a stream (a request to its answer) in seconds",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "lmserve_calls_refused",
+            "Calls refused before any work because the server was full, by the limit (server.max_concurrent_calls)",
+            ["limit"],
+            registry=self.registry,
+        )
         self.in_flight = Gauge("lmserve_requests_in_flight", "Calls being handled", registry=self.registry)
         self.queue_depth = Gauge(
             "lmserve_batch_queue_depth", "Calls waiting to join a batch", ["kind"], registry=self.registry
@@ -77,6 +92,7 @@ class Metrics:
             registry=self.registry,
         )
         self.series: dict[tuple[str, str], tuple] = {}  # observe's: calls and latency by method and code
+        self.steps: dict[str, Histogram] = {}  # observe_step's: step latency by method
         self.scored: dict[tuple[str, str | None], tuple] = {}  # and tokens and unknown words by method and model
         self.http = None
 
@@ -89,6 +105,17 @@ class Metrics:
             series = self.series[method, code] = (self.requests.labels(method, code), self.latency.labels(method))
         series[0].inc()
         series[1].observe(seconds)
+        self.count_tokens(method, model, tokens, unknown)
+
+    def observe_step(self, method: str, model: str | None, seconds: float, tokens: int, unknown: int = 0) -> None:
+        """One step of a stream: its latency, and the tokens it scored (a stream's are counted step by step)."""
+        step = self.steps.get(method)
+        if step is None:
+            step = self.steps[method] = self.step_latency.labels(method)
+        step.observe(seconds)
+        self.count_tokens(method, model, tokens, unknown)
+
+    def count_tokens(self, method: str, model: str | None, tokens: int, unknown: int) -> None:
         if tokens:
             scored = self.scored.get((method, model))
             if scored is None:

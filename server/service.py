@@ -17,6 +17,17 @@ sentence), not as a stranger's.
 Decoder steps: ScoreNextWordsBatch and each request of a StreamNextWords stream go through the ``steps`` batcher,
 so that the beam steps of concurrent decoders run as one LSTM step; states travel as tokens, or stay in the state
 cache (``server.state_cache``) and travel as ids.
+
+Bounds: the work of a call is bounded before it is done. A step's words (items x candidates) are at most
+``limits.max_step_words``, its answer's estimated size at most ``limits.max_message_bytes`` and the states it would
+keep at most the state cache's size; an answer that still comes out larger is refused (RESOURCE_EXHAUSTED) instead of
+failing in the transport after the work, logged as what it was. Calls of our services beyond
+``server.max_concurrent_calls`` are refused here, logged and counted, and health checks never are (the limit is ours,
+not gRPC's); ``on_saturation`` hears when the limit is reached and left (the server's readiness).
+
+Status codes: a ``RequestError`` (``server.errors``) carries its own; unknown models and profiles are NOT_FOUND, a
+state token the model cannot continue from INVALID_ARGUMENT (``decoder_state.StateError``). Any other exception is a
+fault of ours, whatever its type: INTERNAL, logged with its traceback.
 """
 
 from __future__ import annotations
@@ -33,16 +44,18 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from lmserve.core.words import words as words_of
-from lmserve.rescoring import lmscores
-from lmserve.rescoring.decoder_state import OtherModelState
+from lmserve.rescoring import decoder_state, lmscores
+from lmserve.rescoring.decoder_state import OtherModelState, StateError
 from lmserve.rescoring.features import check_features, parse_definition
 from lmserve.rescoring.interpolated import NextWord, Step
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.nbest.checks import check_ids
-from lmserve.rescoring.rescore import Setup, report, reranked
+from lmserve.rescoring.rescore import Setup, references_of, report, reranked
+from lmserve.rescoring.scorer import BOS
 from lmserve.server import messages
-from lmserve.server.batching import Batcher, Expired
+from lmserve.server.batching import Batcher, Budget, Expired
 from lmserve.server.config import Batching, Limits, StateCacheSettings
+from lmserve.server.errors import RequestError, invalid, request_checks, too_many
 from lmserve.server.logs import LOGGER
 from lmserve.server.metrics import Metrics
 from lmserve.server.models import ModelSet, ServedModel, UnknownModel
@@ -54,25 +67,13 @@ SENTENCES_PER_CHUNK = 256  # a chunk keeps the scorer's batches full and stops a
 LISTS_PER_CHUNK = 16
 DEFAULT_BOOTSTRAP_SAMPLES = 1000
 MAX_BOOTSTRAP_SAMPLES = 10000
+# a NextWord on the wire beyond its word and state: tags, lengths, four doubles, the oov flag, the item's framing
+WORD_BYTES = 48
+STATE_ID_BYTES = 24  # a state id and its framing (``state_cache``: a tag and a counter)
+WORD_OBJECT_BYTES = 512  # a scored word on its way to the answer: the engine's NextWord and its message
+CONTEXT_BYTES = 32  # a cached state's n-gram context in a token, about (its words are not looked up to estimate)
 
 log = logging.getLogger(LOGGER)
-
-
-class RequestError(Exception):
-    """A call that fails with a status code and a message the client can act on."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def too_many(what: str, given: int, limit: int, advice: str = "split the request") -> RequestError:
-    return RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{what}: {given} given, at most {limit}; {advice}")
-
-
-def invalid(message: str) -> RequestError:
-    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 def score_sentences(model: ServedModel, sentences: list[str]) -> list:
@@ -104,10 +105,12 @@ class LMServicer:
         metrics: Metrics | None = None,
         engine: Executor | None = None,
         state_cache: StateCacheSettings | None = None,
+        max_calls: int | None = None,
     ):
         """``pool``: threads for the work of single calls (next-word steps, reranking with a bootstrap);
         ``engine``: where the batchers' scorer calls run (``server.engine``), by default the same threads;
-        ``workers``: how many run at once; ``state_cache``: its settings (None or max_mb 0: no cache)."""
+        ``workers``: how many run at once; ``state_cache``: its settings (None or max_mb 0: no cache);
+        ``max_calls``: calls of ours in flight at once (``server.max_concurrent_calls``; None: no limit)."""
         self.retired: dict[str, dict[str, int]] = {}  # model name -> fingerprint (hex, 8 bytes) -> last generation
         self.models = models
         self.limits = limits
@@ -132,11 +135,15 @@ class LMServicer:
         self.sentence_batcher = batcher("sentences", score_sentences)
         self.list_batcher = batcher("lists", score_lists)
         self.step_batcher = batcher("steps", score_steps)
+        self.step_budget = Budget(limits.steps_in_flight_mb * 2**20)
         self.state_cache = None
         self.cache_reported: dict[str, int] = {}  # the cache's drop counts as the metrics have them
         if state_cache is not None and state_cache.max_mb > 0:
             self.state_cache = StateCache(int(state_cache.max_mb * 2**20), state_cache.ttl_seconds)
         self.active = 0  # calls being handled; a drain waits for them, not for health watches or reflection
+        self.max_calls = max_calls
+        self.saturated = False  # max_calls in flight: the next call is refused
+        self.on_saturation: Callable[[bool], None] | None = None  # told when ``saturated`` changes (readiness)
         self.stopping = False  # set by the server's shutdown: failures of calls cut short then are no bugs
         self.idle = asyncio.Event()
         self.idle.set()
@@ -181,11 +188,10 @@ class LMServicer:
         async def call(raw: bytes, context: grpc.aio.ServicerContext):
             start = time.perf_counter()
             fields = {"method": name, "peer": context.peer(), "request_bytes": len(raw)}
+            refused = self.enter(fields, start)
+            if refused is not None:
+                await context.abort(refused.code, refused.message)
             log.debug("call started", extra={"fields": fields})
-            self.active += 1
-            self.idle.clear()
-            if self.metrics:
-                self.metrics.in_flight.inc()
             try:
                 try:
                     request = request_class.FromString(raw)
@@ -202,13 +208,66 @@ class LMServicer:
             except Exception as e:
                 error = self.request_error(e, name, fields)
             else:
-                data = response.SerializeToString()
-                self.done(fields, "OK", start, response_bytes=len(data))
-                return data
+                data = response if isinstance(response, bytes) else response.SerializeToString()
+                fields["response_bytes"] = len(data)
+                error = self.oversized(len(data))
+                if error is None:
+                    self.done(fields, "OK", start)
+                    return data
             self.done(fields, error.code.name, start, error=error.message)
             await context.abort(error.code, error.message)
 
         return call
+
+    def enter(self, fields: dict, start: float) -> RequestError | None:
+        """Count a call in, or refuse it (RESOURCE_EXHAUSTED, logged and counted) when ``max_calls`` are in flight.
+        No await between the check and the count: calls that arrive together cannot all pass."""
+        if self.max_calls is not None and self.active >= self.max_calls:
+            return self.refuse(fields["method"], fields["peer"], start)
+        self.active += 1
+        self.idle.clear()
+        if self.metrics:
+            self.metrics.in_flight.inc()
+        self.check_saturation()
+        return None
+
+    def refuse(self, method: str, peer: str, start: float | None = None) -> RequestError:
+        """The refusal of a call beyond ``max_calls``: one ``call refused`` log line (a warning: the server is full)
+        and its counts in the metrics. Also the servicer's interceptor's (``server.app``), before the request is
+        read."""
+        error = RequestError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"calls in flight: {self.active}, at most {self.max_calls} (server.max_concurrent_calls); retry after a "
+            "backoff, or call another replica",
+        )
+        seconds = 0.0 if start is None else time.perf_counter() - start
+        fields = {"method": method, "peer": peer, "code": error.code.name, "limit": "server.max_concurrent_calls"}
+        fields |= {"in_flight": self.active, "ms": round(seconds * 1000, 3), "error": error.message}
+        log.warning("call refused", extra={"fields": fields})
+        if self.metrics:
+            self.metrics.refused.labels("server.max_concurrent_calls").inc()
+            self.metrics.observe(method, error.code.name, seconds, None, 0)
+        return error
+
+    def check_saturation(self) -> None:
+        saturated = self.max_calls is not None and self.active >= self.max_calls
+        if saturated != self.saturated:
+            self.saturated = saturated
+            log.info("saturated" if saturated else "unsaturated", extra={"fields": {"in_flight": self.active}})
+            if self.on_saturation is not None:
+                self.on_saturation(saturated)
+
+    def oversized(self, size: int) -> RequestError | None:
+        """An answer over ``limits.max_message_bytes``, which gRPC would fail in the transport (after all the work,
+        with a message that names no limit), as a refusal the client can act on."""
+        limit = self.limits.max_message_bytes
+        if size <= limit:
+            return None
+        return RequestError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the answer: {size} bytes, more than {limit} (limits.max_message_bytes); ask for less in one call "
+            "(fewer sentences, lists, items or candidates; no per-token scores or state tokens)",
+        )
 
     def request_error(self, e: Exception, name: str, fields: dict) -> RequestError:
         """The status code and message a failed call ends with."""
@@ -218,7 +277,7 @@ class LMServicer:
             return RequestError(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
         if isinstance(e, Expired):
             return RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
-        if isinstance(e, ValueError):  # the engine's checks of its input name the field and what was expected
+        if isinstance(e, StateError):  # a state token the model cannot continue from: the client's (it names it)
             return invalid(str(e))
         if self.stopping:  # the scoring pool was shut down under a call past the grace period: no bug
             return RequestError(grpc.StatusCode.UNAVAILABLE, f"{name}: the server is stopping ({e})")
@@ -227,22 +286,23 @@ class LMServicer:
 
     def stream_handler(self, name: str, request_class, behaviour: Callable):
         """A bidirectional stream: each request is answered by ``behaviour(request, context, fields)`` in turn, in
-        order. One log line (and one count in the metrics) per stream, with its steps and tokens; an error ends the
-        stream with its status code, as it would end a unary call."""
+        order. One log line (and one count in the metrics) per stream, with its steps and tokens; each step's latency
+        and tokens go into the metrics as it is answered. An error ends the stream with its status code, as it would
+        end a unary call."""
 
         async def call(requests, context: grpc.aio.ServicerContext):
             start = time.perf_counter()
             fields = {"method": name, "peer": context.peer(), "request_bytes": 0, "response_bytes": 0, "steps": 0}
             fields["tokens"] = fields["unknown"] = 0
+            refused = self.enter(fields, start)
+            if refused is not None:  # (before reading a request)
+                await context.abort(refused.code, refused.message)
             log.debug("stream started", extra={"fields": fields})
-            self.active += 1
-            self.idle.clear()
-            if self.metrics:
-                self.metrics.in_flight.inc()
             error = None
             try:
                 try:
                     async for raw in requests:
+                        received = time.perf_counter()
                         fields["request_bytes"] += len(raw)
                         try:
                             request = request_class.FromString(raw)
@@ -251,30 +311,42 @@ class LMServicer:
                                 f"request {fields['steps']}: not a valid {request_class.DESCRIPTOR.full_name} "
                                 f"({e}); text fields must be valid UTF-8"
                             ) from None
+                        del raw  # (the parsed request holds what is needed while the step waits its turn)
                         fields["model"] = request.model or self.models.default
                         step = {}
                         response = await behaviour(request, context, step)
-                        data = response.SerializeToString()
+                        data = response if isinstance(response, bytes) else response.SerializeToString()
+                        oversized = self.oversized(len(data))
+                        if oversized is not None:
+                            raise RequestError(oversized.code, f"request {fields['steps']}: {oversized.message}")
                         fields["steps"] += 1
                         fields["tokens"] += step.get("tokens", 0)
                         fields["unknown"] += step.get("unknown", 0)
                         fields["response_bytes"] += len(data)
+                        if self.metrics:
+                            self.metrics.observe_step(
+                                name,
+                                fields["model"],
+                                time.perf_counter() - received,
+                                step.get("tokens", 0),
+                                step.get("unknown", 0),
+                            )
                         yield data
                 except Exception as e:
                     error = self.request_error(e, name, fields)
             except BaseException:  # cancelled, or closed (GeneratorExit) when the client went away mid-stream
-                self.done(fields, "CANCELLED", start)
+                self.done(fields, "CANCELLED", start, steps_counted=True)
                 raise
             if error is None:
-                self.done(fields, "OK", start)
+                self.done(fields, "OK", start, steps_counted=True)
                 return
-            self.done(fields, error.code.name, start, error=error.message)
+            self.done(fields, error.code.name, start, steps_counted=True, error=error.message)
             await context.abort(error.code, error.message)
 
         return call
 
-    def done(self, fields: dict, code: str, start: float, **more) -> None:
-        """One log line per call, and its metrics."""
+    def done(self, fields: dict, code: str, start: float, steps_counted: bool = False, **more) -> None:
+        """One log line per call, and its metrics (``steps_counted``: a stream's tokens, counted step by step)."""
         seconds = time.perf_counter() - start
         level = (
             logging.INFO if code in ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED") else logging.WARNING
@@ -283,11 +355,11 @@ class LMServicer:
         self.active -= 1
         if not self.active:
             self.idle.set()
+        self.check_saturation()
         if self.metrics:
             self.metrics.in_flight.dec()
-            self.metrics.observe(
-                fields["method"], code, seconds, fields.get("model"), fields.get("tokens", 0), fields.get("unknown", 0)
-            )
+            tokens, unknown = (0, 0) if steps_counted else (fields.get("tokens", 0), fields.get("unknown", 0))
+            self.metrics.observe(fields["method"], code, seconds, fields.get("model"), tokens, unknown)
 
     async def run(self, context: grpc.aio.ServicerContext, fn: Callable, *args):
         """``fn(*args)`` in the scoring pool, unless the deadline has already passed; the event loop stays free."""
@@ -319,7 +391,7 @@ class LMServicer:
         for i, text in enumerate(texts):
             words = len(words_of(text))
             if words > limit:
-                raise too_many(f"{where(i)}: words", words, limit, "shorten or split the sentence")
+                raise too_many(f"{where(i)}: words", words, limit, "shorten or split the sentence", "limits.max_words")
             tokens.append(words + 1)
         return tokens
 
@@ -331,7 +403,7 @@ class LMServicer:
         if not sentences:
             raise invalid("sentences: empty; give at least one sentence (an empty string scores </s> alone)")
         if len(sentences) > self.limits.max_sentences:
-            raise too_many("sentences", len(sentences), self.limits.max_sentences)
+            raise too_many("sentences", len(sentences), self.limits.max_sentences, key="limits.max_sentences")
         tokens = self.check_words(sentences, lambda i: f"sentences[{i}]")
         scores = await self.batched(context, self.sentence_batcher, model, sentences, tokens, SENTENCES_PER_CHUNK)
         fields["tokens"] = sum(len(s.neural) for s in scores)
@@ -349,10 +421,16 @@ class LMServicer:
             raise invalid("give exactly one of candidates, top_k or all_words")
         limit = self.limits.max_candidates
         if len(request.candidates) > limit:
-            raise too_many("candidates", len(request.candidates), limit, "ask in several calls with the same state")
+            advice = "ask in several calls with the same state"
+            raise too_many("candidates", len(request.candidates), limit, advice, "limits.max_candidates")
         if request.top_k > limit:
-            raise too_many("top_k", request.top_k, limit, "ask for fewer words")
+            raise too_many("top_k", request.top_k, limit, "ask for fewer words", "limits.max_candidates")
         candidates = list(request.candidates) or None
+        if candidates is not None:
+            with request_checks():
+                model.lm.check_candidates(candidates)
+        elif model.lm.scorer.pieces is not None:
+            raise invalid("candidates: an open-vocabulary (subword) model has no word list; name the candidates")
         try:
             words = await self.run(
                 context, model.lm.next_words, request.state, candidates, request.top_k, not request.all_words
@@ -366,28 +444,25 @@ class LMServicer:
             messages.add_next_word(response.words.add, word)
         return response
 
-    async def ScoreNextWordsBatch(
-        self, request: pb.ScoreNextWordsBatchRequest, context, fields
-    ) -> pb.ScoreNextWordsBatchResponse:
+    async def ScoreNextWordsBatch(self, request: pb.ScoreNextWordsBatchRequest, context, fields) -> bytes:
         return await self.next_words_step(request, context, fields)
 
-    async def StreamNextWords(
-        self, request: pb.ScoreNextWordsBatchRequest, context, fields
-    ) -> pb.ScoreNextWordsBatchResponse:
+    async def StreamNextWords(self, request: pb.ScoreNextWordsBatchRequest, context, fields) -> bytes:
         """One request of the stream (``stream_handler`` runs the stream)."""
         return await self.next_words_step(request, context, fields)
 
-    async def next_words_step(
-        self, request: pb.ScoreNextWordsBatchRequest, context, fields
-    ) -> pb.ScoreNextWordsBatchResponse:
-        """One beam step: the items checked, cached states looked up, all items scored in one engine call (merged
-        with concurrent callers' steps by the ``steps`` batcher), new states cached when asked."""
+    async def next_words_step(self, request: pb.ScoreNextWordsBatchRequest, context, fields) -> bytes:
+        """One beam step: the items checked, cached states looked up, the work bounded (:meth:`step_work`),
+        its memory taken from the steps' budget (``limits.steps_in_flight_mb``: waiting its turn when the steps of
+        other calls hold it) until its answer is serialised, all items scored in one engine call (merged with
+        concurrent callers' steps by the ``steps`` batcher, which counts a step's words), new states cached when
+        asked. Returns the answer's bytes."""
         model = self.models.get(request.model)
         items, cache = list(request.items), self.state_cache  # (each pass over the repeated field wraps every item)
         if not items:
             raise invalid("items: empty; give at least one item (a state and its candidates)")
         if len(items) > self.limits.max_items:
-            raise too_many("items", len(items), self.limits.max_items)
+            raise too_many("items", len(items), self.limits.max_items, key="limits.max_items")
         if request.cache_states and request.scores_only:
             raise invalid("cache_states and scores_only: give at most one (scores_only returns no states)")
         named = any(item.state_id for item in items)  # states of the cache
@@ -399,23 +474,31 @@ class LMServicer:
         if cache is not None and request.release_state_ids:
             cache.release(request.release_state_ids)
         mode = "none" if request.scores_only else "objects" if request.cache_states else "tokens"
-        candidates = [list(item.candidates) for item in items]
-        # the usual step (state tokens within the limits): nothing to look up or refuse item by item
-        if max(map(len, candidates)) <= self.limits.max_candidates and not named:
-            steps = [Step(item.state, words, mode) for item, words in zip(items, candidates, strict=True)]
-        else:
-            steps = self.cached_steps(items, candidates, model, mode)
+        words, memory = self.step_work(items, model, mode)
+        async with self.step_budget.hold(memory):  # (a step waiting here holds its request, not more)
+            candidates = [list(item.candidates) for item in items]
+            # the usual step (state tokens within the limits): nothing to look up or refuse item by item
+            if max(map(len, candidates)) <= self.limits.max_candidates and not named:
+                steps = [Step(item.state, words, mode) for item, words in zip(items, candidates, strict=True)]
+            else:
+                steps = self.cached_steps(items, candidates, model, mode)
+            check_candidates(candidates, model)
+            return await self.scored_step(model, steps, words, context, fields)
+
+    async def scored_step(self, model: ServedModel, steps: list[Step], words: int, context, fields) -> bytes:
+        """The checked step scored (``words`` candidates in all) and answered, new states cached."""
+        cache = self.state_cache
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before the work was done")
         try:
-            results = await self.step_batcher.submit(model, steps, len(steps), remaining)
+            results = await self.step_batcher.submit(model, steps, words, remaining)
         except OtherModelState as e:
             raise self.other_model_state(model, e, e.fingerprint) from None
         response = pb.ScoreNextWordsBatchResponse(model=model.name, normalisation=messages.normalisation(model))
-        for words in results:
+        for scored in results:
             add = response.items.add().words.add
-            for word in words:
+            for word in scored:
                 message = messages.add_next_word(add, word)
                 if word.after is not None:
                     message.state_id = cache.put(model.name, model.lm.fingerprint, word.after)
@@ -429,7 +512,46 @@ class LMServicer:
                 count = getattr(cache, reason)
                 self.metrics.state_cache_removed.labels(reason).inc(count - self.cache_reported.get(reason, 0))
                 self.cache_reported[reason] = count
-        return response
+        return response.SerializeToString()
+
+    def step_work(self, items: list, model: ServedModel, mode: str) -> tuple[int, int]:
+        """A step's words (items x candidates), refused up front when over ``limits.max_step_words``, when its answer
+        would be over ``limits.max_message_bytes`` (state tokens are most of it), or when it would keep more states
+        than the whole state cache holds. Returns the words and the memory the step will hold until it is answered,
+        estimated: the engine's words and their messages, the answer three times (the engine's tokens, the message,
+        its bytes), the states it makes to keep. Read off the request's items, keeping nothing."""
+        counts = [len(item.candidates) for item in items]
+        words, limit = sum(counts), self.limits.max_step_words
+        if words > limit:
+            advice = "split the step into several requests"
+            raise too_many("words to score (all items' candidates)", words, limit, advice, "limits.max_step_words")
+        start = model.lm.start_state()
+        answer = WORD_BYTES * words + sum(len(word) for item in items for word in item.candidates)
+        kept = 0
+        if mode == "tokens":  # each word's state: as long as its item's (the context moves on by one word)
+            fixed = len(decoder_state.encode(start, model.lm.fingerprint))
+            for item, count in zip(items, counts, strict=True):
+                size = fixed + CONTEXT_BYTES if item.state_id else len(item.state)
+                answer += count * max(size, fixed)
+        elif mode == "objects":
+            answer += STATE_ID_BYTES * words
+            kept = words * StateCache.size_of(start)
+            if kept > self.state_cache.max_bytes:
+                raise RequestError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"cache_states: {words} new states of about {StateCache.size_of(start)} bytes each, more than "
+                    f"the whole state cache ({self.state_cache.max_bytes} bytes: state_cache.max_mb); split the step, "
+                    "or send state tokens",
+                )
+        if answer > self.limits.max_message_bytes:
+            what = {"tokens": "with a state token each", "objects": "with a state id each"}.get(mode, "scores only")
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the answer: about {answer} bytes for {words} words {what}, more than "
+                f"{self.limits.max_message_bytes} (limits.max_message_bytes); split the step into several requests, "
+                "or keep the states on the server (cache_states) or ask for scores_only",
+            )
+        return words, WORD_OBJECT_BYTES * words + 3 * answer + kept
 
     def cached_steps(self, items: list, candidates: list[list[str]], model: ServedModel, mode: str) -> list[Step]:
         """The steps of a request that names cached states or breaks a limit, item by item in turn, so that an error
@@ -437,7 +559,7 @@ class LMServicer:
         limit, cache, steps = self.limits.max_candidates, self.state_cache, []
         for i, (item, words) in enumerate(zip(items, candidates, strict=True)):
             if len(words) > limit:
-                raise too_many(f"items[{i}].candidates", len(words), limit, "split the item")
+                raise too_many(f"items[{i}].candidates", len(words), limit, "split the item", "limits.max_candidates")
             state = item.state  # (each read of a bytes field copies it)
             if state and item.state_id:
                 raise invalid(f"items[{i}]: give state or state_id, not both")
@@ -499,14 +621,17 @@ class LMServicer:
         if not request.lists:
             raise invalid("lists: empty; give at least one hypothesis list")
         if len(request.lists) > self.limits.max_lists:
-            raise too_many("lists", len(request.lists), self.limits.max_lists)
+            raise too_many("lists", len(request.lists), self.limits.max_lists, key="limits.max_lists")
         hypotheses = sum(len(x.hypotheses) for x in request.lists)
         if hypotheses > self.limits.max_hypotheses:
-            raise too_many("hypotheses (all lists)", hypotheses, self.limits.max_hypotheses)
+            raise too_many(
+                "hypotheses (all lists)", hypotheses, self.limits.max_hypotheses, key="limits.max_hypotheses"
+            )
         samples = request.bootstrap_samples or DEFAULT_BOOTSTRAP_SAMPLES
         if samples > MAX_BOOTSTRAP_SAMPLES:
             raise too_many("bootstrap_samples", samples, MAX_BOOTSTRAP_SAMPLES, "ask for fewer")
-        check_ids((message.id, f"lists[{i}]") for i, message in enumerate(request.lists))  # as lm-rescore does
+        with request_checks():  # as lm-rescore does
+            check_ids((message.id, f"lists[{i}]") for i, message in enumerate(request.lists))
         entries, tokens = [], []
         for i, message in enumerate(request.lists):
             where = f"lists[{i}] (id {message.id!r})"
@@ -521,7 +646,10 @@ class LMServicer:
             raise invalid(f"lists[{missing}] has no references but others do: give references for every list or none")
         nbest = NBestList(entries, "lists")
         setup, profile = self.combination(model, request.combination)
-        check_features(nbest, setup.features, setup.definitions, setup.lam, True)
+        with request_checks():
+            check_features(nbest, setup.features, setup.definitions, setup.lam, True)
+            if all(with_refs):
+                references_of(nbest, metric)  # the evaluation's (WER: one reference a list)
 
         work = [([h.text for h in e.hypotheses], setup.lam) for e in entries]
         scores = await self.batched(context, self.list_batcher, model, work, tokens, LISTS_PER_CHUNK)
@@ -561,10 +689,23 @@ class LMServicer:
         for name, weight in combination.weights.items():
             if not math.isfinite(weight):
                 raise invalid(f"combination.weights[{name!r}] = {weight}: expected a finite number")
-        definitions = dict(parse_definition(d) for d in combination.definitions)
+        with request_checks():
+            definitions = dict(parse_definition(d) for d in combination.definitions)
         uses_interp = "interp" in combination.weights or any("interp" in d for d in definitions.values())
         lam = (combination.interpolation_weight or model.lm.lam) if uses_interp else None
         if lam is not None and not 0.0 < lam < 1.0:
             raise invalid(f"combination.interpolation_weight = {lam}: expected a value in (0, 1)")
         # a map has no order on the wire: sorted, so that the same request gets the same answer from any replica
         return Setup(sorted(combination.weights), definitions, lam, dict(combination.weights)), ""
+
+
+def check_candidates(candidates: list[list[str]], model: ServedModel) -> None:
+    """A step's candidates checked as the engine checks them, before the engine has them: so that a ValueError from
+    the engine's work is ours, not the client's. The engine's own quick test of a whole batch first; only a batch
+    that fails it is checked item by item, for the message that names the bad one."""
+    flat = [word for words in candidates for word in words]
+    if all(candidates) and " ".join(flat).split() == flat and model.lm.scorer.bundle.tokens[BOS] not in flat:
+        return
+    with request_checks():
+        for i, words in enumerate(candidates):
+            model.lm.check_candidates(words, f"items[{i}].candidates")

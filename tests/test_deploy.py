@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lmserve.server.app import LIVENESS, READINESS
 from lmserve.server.config import load_config
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -40,7 +41,7 @@ def lmserve_container() -> dict:
 
 def test_the_manifests_parse_into_the_objects_a_deployment_needs():
     objects = manifests()
-    assert set(objects) == {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler"}
+    assert set(objects) == {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
     for obj in objects.values():
         assert obj["apiVersion"] and obj["metadata"]["name"]
 
@@ -53,6 +54,31 @@ def test_the_probes_are_grpc_health_checks_on_the_containers_grpc_port():
     assert ports["metrics"] == int(env["LMSERVE_METRICS_PORT"])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"]["port"] == ports["grpc"], probe
+
+
+def test_the_probes_ask_for_the_health_services_the_server_reports_liveness_and_readiness_on():
+    """Readiness may fail when the pod is full (service lmserve.v1.LMService: NOT_SERVING at max_concurrent_calls);
+    liveness and startup must not (service "": a busy pod is alive, and restarting it would lose its calls)."""
+    container = lmserve_container()
+    assert container["readinessProbe"]["grpc"].get("service", "") == READINESS
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe]["grpc"].get("service", "") == LIVENESS != READINESS, probe
+
+
+def test_pods_and_their_container_run_under_the_runtimes_default_seccomp_profile():
+    pod = manifests()["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert lmserve_container()["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_the_disruption_budget_covers_the_pods_and_leaves_one_serving():
+    objects = manifests()
+    budget = objects["PodDisruptionBudget"]["spec"]
+    pod_labels = objects["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert budget["selector"]["matchLabels"].items() <= pod_labels.items()
+    least = objects["HorizontalPodAutoscaler"]["spec"]["minReplicas"]
+    available = budget["minAvailable"] if "minAvailable" in budget else least - budget["maxUnavailable"]
+    assert 1 <= available < least  # a drain can always move a pod, and never takes the last
 
 
 def test_the_headless_service_selects_the_pods_and_names_their_ports():
