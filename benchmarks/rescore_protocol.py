@@ -24,6 +24,9 @@ within its training part), λ fixed at the one chosen on the tune list; per fold
 
 LM scores are computed once per list and models and cached in ``--cache-dir`` (``rescoring.lmscores``): a re-run,
 or one with another recipe, only tunes.
+
+``lm-rescore evaluate`` (``lmserve.rescoring.evaluation``) is this protocol as a product command, for any lists, with
+its baselines (no LM, n-gram only, first pass) and ablations; this script keeps its result files' layout.
 """
 
 from __future__ import annotations
@@ -34,17 +37,14 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import RESULTS, ROOT, write_result
-from lmserve.rescoring import metrics, overlap
+from lmserve.rescoring import metrics
+from lmserve.rescoring.evaluation import pooled
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup, references_of, report, setup_record, tune, tuning_set
 from lmserve.rescoring.tune import (
-    TuneResult,
-    TuningSet,
     cross_validate,
-    fold_indices,
     guarded_tuner,
     parse_bounds,
-    tune_weights,
     weight_spread,
     write_weights,
 )
@@ -165,18 +165,11 @@ def main() -> None:
 
 def cross_validation(args, systems: dict, lists: dict, tuned: dict, require: int, search: dict) -> None:
     """K-fold CV of the guarded recipe over the pooled dev lists, one system after another (module docstring)."""
-    pooled = [args.tune, *args.cv_with]
+    dev_lists = [args.tune, *args.cv_with]
     per_system = {}
     for name, base in systems.items():
         t = tuned[name]
-        parts = [tuning_set(lists[p][0], t.setup, lists[p][1], "wer") for p in pooled]
-        data = TuningSet(
-            "+".join(list_name(p) for p in pooled),
-            t.setup.features,
-            "wer",
-            [x for part in parts for x in part.features],
-            [s for part in parts for s in part.stats],
-        )
+        data = pooled([tuning_set(lists[p][0], t.setup, lists[p][1], "wer") for p in dev_lists])
         tuner = guarded_tuner(args.folds, require) if args.folds > 1 else None
         cv = cross_validate(data, k=args.cv, fixed=base, tuner=tuner, **search)
         summary = cv.summary()
@@ -194,7 +187,7 @@ def cross_validation(args, systems: dict, lists: dict, tuned: dict, require: int
             "gain_std": first["spread_of_gains"]["std"],
             "gain_min": first["spread_of_gains"]["min"],
         },
-        protocol=f"{args.cv}-fold cross-validation over {' ∪ '.join(list_name(p) for p in pooled)} of the recipe "
+        protocol=f"{args.cv}-fold cross-validation over {' ∪ '.join(list_name(p) for p in dev_lists)} of the recipe "
         f"(base + {args.features}, bounds {args.bounds or 'none'}, "
         + (f"guard {require}/{args.folds} folds nested in each training part" if args.folds > 1 else "no guard")
         + f"); λ fixed at the one chosen on {list_name(args.tune)}; the top-level figures are the "
@@ -233,176 +226,6 @@ def _details(t, rep: dict, weights_file: str) -> dict:
 def _spread(values: list[float]) -> dict[str, float]:
     spread = weight_spread([{"x": v} for v in values])["x"]
     return {k: spread[k] for k in ("mean", "std", "min", "max")}
-
-
-# -- the protocol for any set: K-fold CV inside it, or tuned on some sets and applied to another ------------------
-# (``benchmarks.rescore_sets`` runs it on WMT22, HyPoradise and ATIS)
-
-SYSTEM_PREFIX = "sys_"  # the system indicators of lists read from system outputs (``rescoring.nbest.wmt``)
-
-
-def system_names(nbest) -> list[str]:
-    """The systems whose indicators a list carries, in the order the reader wrote them."""
-    return [f.removeprefix(SYSTEM_PREFIX) for f in nbest.feature_names() if f.startswith(SYSTEM_PREFIX)]
-
-
-def system_choice(nbest, system: str) -> np.ndarray:
-    """Per entry the candidate that ``system`` produced: that system's own output as a choice."""
-    feature = SYSTEM_PREFIX + system
-    return np.array([next(k for k, h in enumerate(e.hypotheses) if h.features[feature]) for e in nbest])
-
-
-def reranked_choice(data: TuningSet, weights: dict[str, float]) -> np.ndarray:
-    return data.choose(np.array([weights[f] for f in data.feature_names]))
-
-
-def _pooled(parts: list[TuningSet]) -> TuningSet:
-    first = parts[0]
-    return TuningSet(
-        "+".join(p.name for p in parts),
-        first.feature_names,
-        first.metric,
-        [x for p in parts for x in p.features],
-        [s for p in parts for s in p.stats],
-    )
-
-
-def _stats(data: TuningSet, chosen: np.ndarray) -> np.ndarray:
-    return np.stack([data.stats[i][k] for i, k in enumerate(chosen)])
-
-
-def _baselines(nbest, data: TuningSet) -> tuple[dict[str, np.ndarray], str | None]:
-    """The choices rescoring is compared with: the first pass, and for lists of systems the best single system
-    (highest corpus metric over the whole list, as if picked with the references), with that system's name."""
-    choices = {"1best": np.zeros(len(data), dtype=np.int64)}
-    systems = system_names(nbest)
-    if not systems:
-        return choices, None
-    sign = 1 if metrics.HIGHER_IS_BETTER[data.metric] else -1
-    by_system = {s: system_choice(nbest, s) for s in systems}
-    best = max(systems, key=lambda s: sign * data.score(by_system[s]))
-    return {**choices, "best_system": by_system[best]}, best
-
-
-def _figures(nbest, data: TuningSet, chosen: np.ndarray, base: dict, best_name: str | None) -> tuple[dict, dict]:
-    """Corpus figures of ``chosen`` beside the baselines (``_baselines``), with paired bootstraps (and chrF for MT)."""
-    m = data.metric
-    figures = {f"{m}_1best": data.score(base["1best"]), f"{m}_rescored": data.score(chosen)}
-    signature = metrics.WER_SIGNATURE
-    details: dict = {"changed_choices": int(np.count_nonzero(chosen))}
-    if m == "bleu":
-        refs = references_of(nbest, "bleu")
-        texts = [[h.text for h in e.hypotheses] for e in nbest]
-        chrf = {k: metrics.chrf_report(refs, metrics.pick(texts, c)) for k, c in {**base, "rescored": chosen}.items()}
-        signature = metrics.bleu_report(refs, metrics.pick(texts, chosen))["signature"]
-        details["chrf_signature"] = chrf["rescored"]["signature"]
-        figures["reranked_bleu"] = figures["bleu_rescored"]
-        figures["reranked_chrf"] = chrf["rescored"]["chrf"]
-        figures["chrf_1best"] = chrf["1best"]["chrf"]
-        if "best_system" in base:
-            figures["best_system_bleu"] = data.score(base["best_system"])
-            figures["best_system_chrf"] = chrf["best_system"]["chrf"]
-            details["best_system"] = best_name
-    else:
-        figures["wer_oracle"] = data.score(np.array([int(np.argmin(s[:, 0])) for s in data.stats]))
-    details["signature"] = signature
-    details["bootstrap"] = {
-        f"rescored_vs_{k}": metrics.paired_bootstrap_stats(
-            m, _stats(data, c), _stats(data, chosen), signature=signature
-        )
-        for k, c in base.items()
-    }
-    return figures, details
-
-
-def leakage(lists: dict, texts: list[Path], normalizer) -> dict[str, dict]:
-    """The leakage guard (``rescoring.overlap``) over the LM training ``texts``, once for the references of all
-    ``lists`` (name -> NBestList), reported per list: how many of its references share an 8-word window with the text
-    (normalised as the LMs see them)."""
-    refs, owners = [], []
-    for name, nbest in lists.items():
-        for entry in nbest:
-            refs += entry.references
-            owners += [name] * len(entry.references)
-    found = overlap.measure(refs, texts, reference_view=normalizer.normalize, ids=owners, offenders=len(refs))
-    result = {}
-    for name in lists:
-        total, matched = owners.count(name), [o for o in found.offenders if o.id == name]
-        result[name] = {
-            "references": total,
-            "matched_references": len(matched),
-            "share_references": len(matched) / total,
-            "worst": [o.text for o in matched[:3]],
-            "n": found.n,
-            "text_files": found.text_files,
-            "text_words": found.text_words,
-            "warning": len(matched) / total > overlap.WARN_SHARE,
-        }
-    return result
-
-
-def _bounded(search: dict, setup: Setup) -> dict:
-    """``search`` with only the bounds of the recipe's own features (one bounds setting serves its ablations)."""
-    return {**search, "bounds": {k: v for k, v in (search.get("bounds") or {}).items() if k in setup.features}}
-
-
-def kfold(
-    nbest, scores, setup: Setup, metric: str, k: int, fixed: str, search: dict, guard: int = 0
-) -> tuple[dict, dict]:
-    """K-fold CV over contiguous entries of one set: every entry chosen by weights tuned without its fold. ``guard``
-    (> 1): the recipe with ``lm-rescore tune --cv guard --require-folds guard``'s guard nested in each training part,
-    so that a fold keeps the first pass unless every one of ``guard`` folds of its training part gains."""
-    data = tuning_set(nbest, setup, scores, metric)
-    tuner = guarded_tuner(guard, guard) if guard > 1 else None
-    cv = cross_validate(data, k=k, fixed=fixed, contiguous=True, tuner=tuner, **_bounded(search, setup))
-    base, best_name = _baselines(nbest, data)
-    figures, details = _figures(nbest, data, cv.chosen, base, best_name)
-    sign = 1 if metrics.HIGHER_IS_BETTER[metric] else -1
-    per_fold = []
-    for j, fold in enumerate(fold_indices(len(data), k, contiguous=True)):
-        part = data.subset(fold, f"{data.name}[fold {j}]")
-        row = {"entries": len(fold), "rescored": part.score(cv.chosen[fold])}
-        row.update({name: part.score(c[fold]) for name, c in base.items()})
-        row["weights"] = cv.folds[j].weights
-        per_fold.append(row)
-    figures["folds"] = k
-    figures["folds_improved"] = sum(sign * (r["rescored"] - r["1best"]) > 0 for r in per_fold)
-    if "best_system" in base:
-        figures["folds_beating_best"] = sum(r["rescored"] >= r["best_system"] for r in per_fold)
-    details.update({"features": list(setup.features), "definitions": setup.definitions, "fixed": fixed})
-    details.update({"search": search, "per_fold": per_fold, "weight_spread": cv.weight_spread})
-    if guard > 1:
-        details["guard"] = f"{guard} of {guard} folds of each training part must gain"
-    return figures, details
-
-
-def in_sample_ceiling(nbest, scores, setup: Setup, metric: str, fixed: str, search: dict) -> float:
-    """The set's figure with weights tuned on the set itself: a diagnostic, never a result (it has seen the
-    references). Where even this misses a target, the recipe's features are what fall short, not the protocol."""
-    data = tuning_set(nbest, setup, scores, metric)
-    return data.score(reranked_choice(data, tune_weights(data, fixed=fixed, **_bounded(search, setup)).weights))
-
-
-def tuned_on(train, train_scores, setup: Setup, metric: str, fixed: str, search: dict) -> tuple[str, TuneResult]:
-    """The weights tuned on ``train`` (a list, or several pooled), with the pooled set's name."""
-    trains = train if isinstance(train, list) else [train]
-    train_scores = train_scores if isinstance(train, list) else [train_scores]
-    data = _pooled([tuning_set(n, setup, s, metric) for n, s in zip(trains, train_scores, strict=True)])
-    return data.name, tune_weights(data, fixed=fixed, **_bounded(search, setup))
-
-
-def transfer(tuned: tuple[str, TuneResult], test, test_scores, setup: Setup, metric: str):
-    """Weights tuned on other lists (``tuned_on``: the pooled lists' name and the result) applied unchanged to
-    ``test``; one tuning serves every set that takes the weights of the same lists."""
-    name, result = tuned
-    test_data = tuning_set(test, setup, test_scores, metric)
-    figures, details = _figures(
-        test, test_data, reranked_choice(test_data, result.weights), *_baselines(test, test_data)
-    )
-    details["report"] = details["bootstrap"]["rescored_vs_1best"]
-    details.update({"tuned_on": name, "tune_before": result.baseline_metric, "tune_after": result.dev_metric})
-    details.update({"weights": result.weights, "features": list(setup.features), "definitions": setup.definitions})
-    return figures, details
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from benchmarks.common import ROOT, write_result
 from benchmarks.rescore_protocol import list_name
+from lmserve.rescoring.evaluation import pooled
 from lmserve.rescoring.nbest import read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup, tune, tuning_set
-from lmserve.rescoring.tune import TuningSet, cross_validate, guarded_tuner, parse_bounds
+from lmserve.rescoring.tune import cross_validate, guarded_tuner, parse_bounds
 
 LAMBDAS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 RECIPES = {  # name: features next to score, λ values, bounds, penalty, restarts, guard (folds of the tune list)
@@ -83,10 +84,7 @@ def main() -> None:
         report_wer = tuning_set(other, t.setup, other_scores, "wer").evaluate(
             [t.result.weights[f] for f in t.setup.features]
         )
-        parts = [tuning_set(nbest, t.setup, scores, "wer") for nbest, scores in lists]
-        union = TuningSet(
-            "union", t.setup.features, "wer", *(sum((getattr(p, a) for p in parts), []) for a in ("features", "stats"))
-        )
+        union = pooled([tuning_set(nbest, t.setup, scores, "wer") for nbest, scores in lists])
         tuner = guarded_tuner(guard, guard) if guard else None
         cv = cross_validate(union, k=args.folds, fixed="score", tuner=tuner, **search).summary()
         rows[name] = {

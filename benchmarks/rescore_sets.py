@@ -6,7 +6,8 @@
     python -m benchmarks.rescore_sets atis --lm ... --ngram ... --test-lm ... --test-ngram ... \\
         --general-lm ... --general-ngram ... --lm-text ...     # or --jackknife-* instead of --lm/--ngram (below)
 
-The protocol (``benchmarks.rescore_protocol``'s, generalised to MT and to sets without a dev list):
+The protocol (``lmserve.rescoring.evaluation``'s, which ``lm-rescore evaluate`` runs on any lists; this script keeps
+the result files' layout and the sets' own choices: data paths, in-domain n-grams, ATIS's jackknife):
 
 - **K-fold cross-validation inside a set** (``wmt22``, ``hyporadise``): folds of contiguous entries (MT: a document's
   segments stay together), the weights of fold j tuned on the other folds only; the pooled held-out choices give
@@ -82,8 +83,8 @@ from pathlib import Path
 from benchmarks import common
 from benchmarks.common import DATA_DIR as DATA
 from benchmarks.common import ROOT, write_result
-from benchmarks.rescore_protocol import in_sample_ceiling, kfold, leakage, system_names, transfer, tuned_on
 from lmserve.core.textnorm import PRESETS
+from lmserve.rescoring.evaluation import in_sample_ceiling, kfold, leakage, system_names, transfer, tuned_on
 from lmserve.rescoring.nbest import NBestList, read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup
 from lmserve.rescoring.tune import fold_indices, parse_bounds

@@ -9,7 +9,12 @@ Names a weights file or a command line can use:
 - ``neural``: the neural LM's log-probability of the sentence (natural log, words and ``</s>``);
 - ``ngram``: the n-gram's, on the same tokens;
 - ``interp``: per-word linear interpolation, Σ log(λ·p_neural + (1 − λ)·p_ngram) with the one weight λ;
-- ``length``: words in the hypothesis as written; ``oov``: words the LM did not know;
+- ``length``: words in the hypothesis as written;
+- ``oov_lm``: words outside the neural LM bundle's vocabulary (scored as ``<unk>``, or spelled by an open-vocabulary
+  bundle); ``oov_ngram``: words outside the n-gram's vocabulary (the words as normalised, before the bundle's
+  vocabulary maps any to ``<unk>``). Each needs its LM. ``oov`` is an alias kept for weights files written before the
+  two were told apart: ``oov_lm`` when a bundle is given, else ``oov_ngram`` (so it counts another feature when the
+  bundle is left out: name the one meant);
 - from the list itself, no LM (these names are computed even where a list carries a feature of the same name, as
   ``length`` is): ``rank``, the first pass's 1-based rank (``Hypothesis.rank``, else the position in the list);
   ``chars``, characters without whitespace; ``nonword``, words as written with no letter or digit (a recogniser's
@@ -41,8 +46,36 @@ from lmserve.rescoring import consensus
 from lmserve.rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, token_sums
 from lmserve.rescoring.nbest import NBestEntry, NBestList
 
-LM_FEATURES = ("neural", "ngram", "interp", "oov", "length")
-NEEDS_LM = LM_FEATURES[:4]
+LM_FEATURES = ("neural", "ngram", "interp", "oov", "oov_lm", "oov_ngram", "length")
+NEEDS_LM = LM_FEATURES[:6]
+# which LMs each LM feature needs: "lm" (the neural bundle), "ngram"; ``oov`` is the alias (module docstring)
+NEEDS = {"neural": ("lm",), "ngram": ("ngram",), "interp": ("lm", "ngram"), "oov_lm": ("lm",), "oov_ngram": ("ngram",)}
+
+
+def models_needed(name: str, definitions: Mapping[str, Mapping[str, float]], has_lm: bool) -> set[str]:
+    """The LMs feature ``name`` reads ("lm": the neural bundle, "ngram"), through a definition's terms and a
+    consensus feature's weighting too; ``oov`` reads the bundle's vocabulary when ``has_lm``, else the n-gram's."""
+    if name in definitions:
+        return set().union(*(models_needed(term, {}, has_lm) for term in definitions[name]))
+    if name == "oov":
+        return {"lm" if has_lm else "ngram"}
+    spec = parse_consensus(name)
+    if spec is not None and spec.weighting is not None:
+        return models_needed(spec.weighting, definitions, has_lm)
+    return set(NEEDS.get(name, ()))
+
+
+def check_models(names: Sequence[str], definitions: Mapping[str, Mapping[str, float]], has_lm: bool, has_ngram: bool):
+    """Before any model runs: every LM feature among ``names`` has its LM."""
+    given = {"lm"} if has_lm else set()
+    given |= {"ngram"} if has_ngram else set()
+    flags = {"lm": "a neural LM bundle (--lm)", "ngram": "an n-gram (--ngram)"}
+    for name in names:
+        missing = sorted(models_needed(name, definitions, has_lm) - given)
+        if missing and (has_lm or has_ngram):
+            raise ValueError(f"feature {name!r} needs {' and '.join(flags[m] for m in missing)}")
+
+
 LIST_FEATURES = ("rank", "chars", "nonword", "src_ratio")
 VOTES = "votes"  # the feature that says how many outputs a hypothesis stands for (consensus weights)
 _NUMBER = r"(?:\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)"
@@ -245,6 +278,14 @@ class _Columns:
             return np.array([len(h.text.split()) for h in self.hypotheses], dtype=np.float64)
         if name == "oov":
             return np.array([s.oov for s in self.scores], dtype=np.float64)
+        if name in ("oov_lm", "oov_ngram"):
+            counts = [getattr(s, name) for s in self.scores]
+            if any(c is None for c in counts):
+                raise ValueError(
+                    f"feature {name!r}: no {'neural LM bundle' if name == 'oov_lm' else 'n-gram'} scored these lists"
+                    + ("" if name == "oov_lm" else " (or its score cache predates oov_ngram: delete the cache)")
+                )
+            return np.array(counts, dtype=np.float64)
         if name == "rank":
             return np.array([k + 1 if h.rank is None else h.rank for k, h in enumerate(self.hypotheses)], np.float64)
         if name == "chars":

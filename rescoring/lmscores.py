@@ -11,7 +11,8 @@ one per word and one for ``</s>``.
 Cache file (JSONL): a header line ``{"format": "lmserve-lmscores", "format_version": 2, "key": {...}}`` where the key
 fingerprints the lists' texts, the bundle's files, the n-gram file and the normaliser (or the lm-serve model the scores
 came from); then one line per entry:
-``{"id", "hypotheses": [{"neural": [...], "ngram": [...], "oov": n}]}``. A cache whose key differs is recomputed, and
+``{"id", "hypotheses": [{"neural": [...], "ngram": [...], "oov": n, "oov_ngram": m}]}`` (``oov_ngram`` wherever an
+n-gram scored; in a line written before it was kept, it is not known). A cache whose key differs is recomputed, and
 so is one of version 1, which kept 7 significant digits: a run that read it wrote other features than the run that
 computed it. Version 2 keeps every score exactly, so a rerun, a sharded run and a run through lm-serve (which sends
 exact sums) write the same bytes.
@@ -47,7 +48,13 @@ UNK_WORD = "<unk>"
 class HypothesisScores:
     neural: np.ndarray | None  # natural log per word and </s>; None without a neural LM
     ngram: np.ndarray | None  # the same positions under the n-gram; None without one
-    oov: int  # words outside the neural vocabulary (or the n-gram's, without a neural LM)
+    oov: int  # words outside the neural vocabulary (or the n-gram's, without a neural LM): feature ``oov``
+    oov_ngram: int | None = None  # words outside the n-gram's vocabulary (None: no n-gram, or not known)
+
+    @property
+    def oov_lm(self) -> int | None:
+        """Words outside the neural LM's vocabulary (None without a neural LM): feature ``oov_lm``."""
+        return None if self.neural is None else self.oov
 
     def interpolated(self, lam: float) -> np.ndarray:
         """log(λ·p_neural + (1 − λ)·p_ngram) per token: per-word linear interpolation of true probabilities."""
@@ -151,6 +158,7 @@ def compute(
                             neural=None if s is None else s.token_logprobs.astype(np.float64),
                             ngram=c,
                             oov=ngram.oov(w) if s is None else s.oov,
+                            oov_ngram=None if ngram is None else ngram.oov(w if s is None else s.words),
                         )
                         for s, w, c in zip(row_scores, row_words, row_counts, strict=True)
                     ]
@@ -171,13 +179,21 @@ class LMSums:
     ngram: np.ndarray | None  # Σ log p_ngram; None without an n-gram
     interp: np.ndarray | None  # Σ log(λ·p_neural + (1 − λ)·p_ngram) at ``lam``; None when no λ was asked for
     lam: float | None
-    oov: np.ndarray  # words outside the vocabulary, per hypothesis
+    oov: np.ndarray  # words outside the vocabulary, per hypothesis (``HypothesisScores.oov``)
     tokens: np.ndarray  # tokens scored (words and </s>) per hypothesis
+    oov_lm: np.ndarray | None = None  # words outside the neural LM's vocabulary; None without one
+    oov_ngram: np.ndarray | None = None  # words outside the n-gram's; None without one (or not known)
 
     def column(self, name: str, lam: float | None) -> np.ndarray:
-        """Feature ``name`` (neural, ngram, interp at ``lam``, oov) over the hypotheses, as float64."""
+        """Feature ``name`` (neural, ngram, interp at ``lam``, oov, oov_lm, oov_ngram) over the hypotheses, as
+        float64."""
         if name == "oov":
             return self.oov.astype(np.float64)
+        if name in ("oov_lm", "oov_ngram"):
+            value = getattr(self, name)
+            if value is None:
+                raise ValueError(f"feature {name!r}: that LM was not given (or its OOV counts are not known here)")
+            return value.astype(np.float64)
         if name == "interp" and (self.interp is None or lam != self.lam):
             raise ValueError(f"feature 'interp' at λ={lam}: these sums have it at λ={self.lam}")
         value = getattr(self, name)
@@ -204,6 +220,8 @@ def summed(rows: list[list[HypothesisScores]], lams: list[float | None]) -> list
     neural_sums = None if neural is None else token_sums(neural, lengths)
     ngram_sums = None if ngram is None else token_sums(ngram, lengths)
     oov = np.array([h.oov for h in hyps], dtype=np.int64)
+    oov_lm = oov if neural is not None else None
+    oov_ngram = None if any(h.oov_ngram is None for h in hyps) else np.array([h.oov_ngram for h in hyps], np.int64)
     out, start = [], 0
     for row, lam, want in zip(rows, lams, wanted, strict=True):
         at = slice(start, start + len(row))
@@ -216,6 +234,8 @@ def summed(rows: list[list[HypothesisScores]], lams: list[float | None]) -> list
                 lam,
                 oov[at],
                 lengths[at],
+                None if oov_lm is None else oov_lm[at],
+                None if oov_ngram is None else oov_ngram[at],
             )
         )
     return out
@@ -293,7 +313,11 @@ def write_cache(
     def lines() -> Iterable[str]:
         yield json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "key": key, **header_extra})
         for entry, row in zip(nbest, scores, strict=True):
-            hyps = [{"neural": array(h.neural), "ngram": array(h.ngram), "oov": h.oov} for h in row]
+            hyps = [
+                {"neural": array(h.neural), "ngram": array(h.ngram), "oov": h.oov}
+                | ({} if h.oov_ngram is None else {"oov_ngram": h.oov_ngram})
+                for h in row
+            ]
             yield json.dumps({"id": entry.id, "hypotheses": hyps})
 
     header_extra = {} if shard is None else {"shard": shard}
@@ -323,6 +347,7 @@ def read_cache(path: Path, key: dict) -> list[list[HypothesisScores]] | None:
                             neural=None if h["neural"] is None else np.array(h["neural"]),
                             ngram=None if h["ngram"] is None else np.array(h["ngram"]),
                             oov=int(h["oov"]),
+                            oov_ngram=_cached_oov_ngram(h),
                         )
                         for h in record["hypotheses"]
                     ]
@@ -330,3 +355,11 @@ def read_cache(path: Path, key: dict) -> list[list[HypothesisScores]] | None:
             except (json.JSONDecodeError, KeyError, TypeError) as err:
                 raise ValueError(f"{path}:{number}: malformed cache line ({err!r})") from err
     return out
+
+
+def _cached_oov_ngram(h: dict) -> int | None:
+    """A cached hypothesis' n-gram OOV count: kept since features ``oov_lm``/``oov_ngram`` were told apart; in an
+    older line, ``oov`` where only an n-gram scored (it was the n-gram's), else not known."""
+    if h.get("oov_ngram") is not None:
+        return int(h["oov_ngram"])
+    return int(h["oov"]) if h["neural"] is None and h["ngram"] is not None else None

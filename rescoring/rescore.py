@@ -290,6 +290,7 @@ def tune(
     lambdas: Sequence[float] = (0.5,),
     folds: int = 0,
     require_folds: int = 0,
+    owners: Sequence | None = None,
     **tune_args,
 ) -> Tuned:
     """Tune weights on ``nbest`` (a dev set: never the test set), trying each λ when ``interp`` is used.
@@ -299,7 +300,9 @@ def tune(
     ``require_folds`` > 0 they are used only when the tuned weights beat the starting ones on at least that many
     held-out folds; otherwise the starting weights (the first pass alone) are returned, ``adopted`` False: gains that
     do not hold across parts of the dev list do not hold on other lists either (BENCHMARKS.md, "Tuning that
-    transfers"), and rescoring that changes nothing is better than rescoring that makes a list worse.
+    transfers"), and rescoring that changes nothing is better than rescoring that makes a list worse. ``owners``
+    (a label per entry: the list it came from, when ``nbest`` joins several) makes that guard per list
+    (``tune.tune_guarded``).
     """
     best = None
     by_lambda = {}
@@ -323,9 +326,11 @@ def tune(
     cv = None
     adopted = True
     if folds > 1:
-        guarded = tune_guarded(data, folds, require_folds, result=result, fixed=fixed, **tune_args)
+        guarded = tune_guarded(data, folds, require_folds, result=result, fixed=fixed, owners=owners, **tune_args)
         result, adopted = guarded.result, guarded.adopted
         cv = {**guarded.cross_validation.summary(), "required_folds": require_folds}
+        if guarded.per_list is not None:
+            cv["per_list"] = guarded.per_list
         cv["chosen"] = guarded.cross_validation.chosen.tolist()
     trial.weights = result.weights
     return Tuned(trial, result, by_lambda, cv, data, adopted)

@@ -449,33 +449,65 @@ class CrossValidation:
         }
 
 
-def fold_indices(n: int, k: int, seed: int = 0, contiguous: bool = False) -> list[np.ndarray]:
+def fold_indices(
+    n: int, k: int, seed: int = 0, contiguous: bool = False, groups: Sequence | None = None
+) -> list[np.ndarray]:
     """A partition of range(n) into k folds of near-equal size (each sorted): seeded random, or ``contiguous`` runs
     of consecutive entries. Contiguous folds keep a document's segments (MT) or a speaker's utterances together, so a
-    held-out fold is new text rather than the neighbours of what the weights were tuned on."""
+    held-out fold is new text rather than the neighbours of what the weights were tuned on. ``groups`` (a label per
+    entry, e.g. its document) keeps every group whole wherever its entries lie: the groups in order of first
+    appearance, cut into k runs of near-equal entries (a group goes to the run its middle entry falls in)."""
     if not 2 <= k <= n:
         raise ValueError(f"need 2 <= k <= {n} folds, got {k}")
+    if groups is not None:
+        return _group_folds(n, k, groups)
     order = np.arange(n) if contiguous else np.random.default_rng(seed).permutation(n)
     return [np.sort(f) for f in np.array_split(order, k)]
 
 
+def _group_folds(n: int, k: int, groups: Sequence) -> list[np.ndarray]:
+    if len(groups) != n:
+        raise ValueError(f"{len(groups)} group labels for {n} entries")
+    members: dict = {}
+    for i, label in enumerate(groups):
+        members.setdefault(label, []).append(i)
+    folds: list[list[int]] = [[] for _ in range(k)]
+    start = 0
+    for entries in members.values():
+        folds[min(k - 1, int(k * (start + len(entries) / 2) / n))] += entries
+        start += len(entries)
+    if not all(folds):
+        raise ValueError(
+            f"cannot cut {len(members)} documents of {n} entries into {k} folds of whole documents with entries in "
+            "each: use fewer folds, or folds of entries"
+        )
+    return [np.sort(np.array(f, dtype=np.int64)) for f in folds]
+
+
 def cross_validate(
-    data: TuningSet, k: int = 5, seed: int = 0, tuner=None, contiguous: bool = False, **tune_args
+    data: TuningSet,
+    k: int = 5,
+    seed: int = 0,
+    tuner=None,
+    contiguous: bool = False,
+    partition: Sequence[np.ndarray] | None = None,
+    **tune_args,
 ) -> CrossValidation:
     """k-fold cross-validation over utterances: for small sets where a separate dev set would leave too little.
 
     Fold j's weights are tuned on the other k-1 folds only and choose the hypotheses of fold j; the pooled
     held-out metric over all utterances estimates what tuned weights do on unseen data (the dev metric of
     ``tune_weights`` on the whole set is optimistic). ``tune_args`` go to ``tune_weights``; fold j searches with
-    seed ``seed + j``; ``contiguous`` folds are runs of consecutive utterances (``fold_indices``). ``tuner`` (default
-    ``tune_weights``) takes the same arguments and returns a ``TuneResult``:
-    e.g. ``guarded_tuner``, to cross-validate a recipe that includes its own guard."""
+    seed ``seed + j``; ``contiguous`` folds are runs of consecutive utterances (``fold_indices``); ``partition``, when
+    given, is the folds themselves (k is then their number). ``tuner`` (default ``tune_weights``) takes the same
+    arguments and returns a ``TuneResult``: e.g. ``guarded_tuner``, to cross-validate a recipe that includes its own
+    guard."""
     tuner = tuner or tune_weights
     start = start_weights(data.feature_names, tune_args.get("fixed") or data.feature_names[0], tune_args.get("init"))
     start_vector = np.array([start[f] for f in data.feature_names])
     chosen = np.zeros(len(data), dtype=np.int64)
     folds = []
-    for j, heldout in enumerate(fold_indices(len(data), k, seed, contiguous)):
+    for j, heldout in enumerate(fold_indices(len(data), k, seed, contiguous) if partition is None else partition):
         train = np.setdiff1d(np.arange(len(data)), heldout)
         result = tuner(data.subset(train, f"{data.name}[not fold {j}]"), seed=seed + j, **tune_args)
         test = data.subset(heldout, f"{data.name}[fold {j}]")
@@ -492,6 +524,7 @@ class Guarded:
     result: TuneResult  # weights tuned on the whole set, or the starting weights when not adopted
     cross_validation: CrossValidation
     adopted: bool
+    per_list: dict | None = None  # with ``owners``: per list its held-out folds and how many of them gained
 
 
 def tune_guarded(
@@ -500,26 +533,65 @@ def tune_guarded(
     require_folds: int = 5,
     seed: int = 0,
     result: TuneResult | None = None,
+    owners: Sequence | None = None,
+    groups: Sequence | None = None,
     **tune_args,
 ) -> Guarded:
     """``tune_weights`` on the whole set (or ``result``, a search of it already run), kept only when k-fold
     cross-validation of the same search beats the starting weights on at least ``require_folds`` held-out folds;
     otherwise the starting weights (the first pass alone): a gain that does not hold across parts of the dev list
-    does not hold on other lists either."""
+    does not hold on other lists either.
+
+    ``owners`` (a label per utterance: the list it comes from, when the set pools several) makes the guard per list:
+    every list must gain on ``require_folds`` of its held-out parts (on all of them where it lies in fewer folds), not
+    just the union, which one large list could carry while another gets worse. ``groups`` (a label per utterance, its
+    document) keeps documents whole in the guard's folds (``fold_indices``); without, the folds are seeded random."""
     if not 0 <= require_folds <= folds:
         raise ValueError(f"require_folds {require_folds}: expected 0 to the number of folds ({folds})")
     result = result or tune_weights(data, seed=seed, **tune_args)
-    cv = cross_validate(data, k=folds, seed=seed, **tune_args)
-    adopted = cv.folds_improved >= require_folds
+    partition = None if groups is None else fold_indices(len(data), folds, groups=groups)
+    cv = cross_validate(data, k=folds, seed=seed, partition=partition, **tune_args)
+    per_list = None
+    if owners is None:
+        adopted = cv.folds_improved >= require_folds
+    else:
+        per_list = _folds_gained_per_list(data, cv, np.asarray(owners), tune_args.get("fixed"), tune_args.get("init"))
+        adopted = all(p["improved"] >= min(require_folds, p["folds"]) for p in per_list.values())
     if not adopted:
         start = start_weights(data.feature_names, result.fixed, tune_args.get("init"))
         result = replace(result, weights=start, dev_metric=result.baseline_metric)
-    return Guarded(result, cv, adopted)
+    return Guarded(result, cv, adopted, per_list)
 
 
-def guarded_tuner(folds: int = 5, require_folds: int = 5):
-    """``tune_guarded`` as a ``tuner`` for ``cross_validate`` (nested cross-validation of a guarded recipe)."""
-    return lambda data, **tune_args: tune_guarded(data, folds, require_folds, **tune_args).result
+def _folds_gained_per_list(data: TuningSet, cv: CrossValidation, owners: np.ndarray, fixed, init) -> dict:
+    """Per list (``owners``' labels, in order of first appearance): the held-out folds it has utterances in, and in
+    how many of them the tuned weights beat the starting ones on its utterances."""
+    start = start_weights(data.feature_names, fixed or data.feature_names[0], init)
+    start_vector = np.array([start[f] for f in data.feature_names])
+    better = (lambda a, b: a > b) if metrics.HIGHER_IS_BETTER[data.metric] else (lambda a, b: a < b)
+    out: dict = {}
+    for label in dict.fromkeys(owners.tolist()):
+        present = improved = 0
+        for fold in cv.folds:
+            mine = fold.heldout[owners[fold.heldout] == label]
+            if len(mine):
+                part = data.subset(mine)
+                present += 1
+                improved += better(part.score(cv.chosen[mine]), part.evaluate(start_vector))
+        out[label] = {"folds": present, "improved": improved}
+    return out
+
+
+def guarded_tuner(folds: int = 5, require_folds: int = 5, owners: Sequence | None = None):
+    """``tune_guarded`` as a ``tuner`` for ``cross_validate`` (nested cross-validation of a guarded recipe).
+    ``owners``: a list label per utterance of the set being cross-validated (the per-list guard); each training part
+    gets its own utterances' labels (``TuningSet.ids``)."""
+    labels = None if owners is None else np.asarray(owners)
+    return lambda data, **tune_args: (
+        tune_guarded(
+            data, folds, require_folds, owners=None if labels is None else labels[data.ids], **tune_args
+        ).result
+    )
 
 
 def apply_weights(

@@ -67,7 +67,7 @@ def _lists(n: int = 120, seed: int = 0):
 def test_kfold_with_the_guard_nested(feature):
     """With the guard nested, a fold keeps the first pass unless every fold of its training part gains: a feature
     that knows the answer is adopted in every fold, random noise in none (the first pass's WER, exactly)."""
-    from benchmarks.rescore_protocol import kfold
+    from lmserve.rescoring.evaluation import kfold
     from lmserve.rescoring.rescore import Setup
 
     nbest = _lists()

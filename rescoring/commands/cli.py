@@ -1,6 +1,7 @@
 """lm-rescore: score sentences with a model bundle; build, query and mix KenLM n-grams; write the references of a list
 as LM training text; tune weights on dev n-best/k-best lists and rerank lists with them (``tune``, ``nbest``:
-``rescoring/commands/rescore_cli.py``)."""
+``rescoring/commands/rescore_cli.py``); judge a recipe on held-out data beside its baselines (``evaluate``:
+``rescoring/commands/evaluate_cli.py``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from lmserve.core.command import add_common_arguments, parse_args, run_command
 from lmserve.core.lines import file_lines, iter_lines, read_lines
 from lmserve.core.outputs import check_outputs
 from lmserve.core.textnorm import PRESETS, TextNormalizer
-from lmserve.rescoring.commands import rescore_cli
+from lmserve.rescoring.commands import evaluate_cli, rescore_cli
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.nbest import FORMATS, read_nbest
 from lmserve.rescoring.ngram import LN10, NgramError, build_ngram, model_files
@@ -301,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     refs.set_defaults(func=_references)
     rescore_cli.add_commands(sub)
+    evaluate_cli.add_command(sub)
     return parser
 
 
@@ -308,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     """Errors, Ctrl-C and SIGTERM end in one line on stderr (``core.command``; OSError: files, and lm-serve
     with --server); ``LMSERVE_DEBUG=1`` or ``--debug`` shows the traceback."""
     args = parse_args(build_parser(), argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a report records as its command
     return run_command("lm-rescore", lambda: args.func(args), args.debug, user_errors=(NgramError,))
 
 

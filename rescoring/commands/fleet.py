@@ -5,8 +5,8 @@ Why whole lists through ``RescoreNBest``: the server runs a list's hypotheses th
 merges concurrent calls into batches (``server.batching``), which ``ScoreSentences`` (sentences one by one, the path
 ``tune --server`` keeps, since tuning needs every token's score) cannot do.
 
-What a call asks for: the LM columns the weights use (``neural``, ``ngram``, ``interp`` at the weights' λ, ``oov``),
-each with weight 0, for lists that carry only their texts. The answer's feature values are the engine's own sums
+What a call asks for: the LM columns the weights use (``neural``, ``ngram``, ``interp`` at the weights' λ, the OOV
+counts ``oov``, ``oov_lm``, ``oov_ngram``), each with weight 0, for lists that carry only their texts. The answer's feature values are the engine's own sums
 (``lmscores.LMSums``), and everything else (definitions, weights, reranking, the report) runs here, in the code of
 the offline run: the output is byte for byte the offline one whenever the servers' LM scores are the offline scores
 (the same model; tests/test_fleet.py checks it).
@@ -338,4 +338,6 @@ class FleetLanguageModels:
             lam=self.lam,
             oov=np.zeros(n, dtype=np.int64) if oov is None else oov.astype(np.int64),
             tokens=None,  # not in the answer, and no feature reads it
+            oov_lm=None if values.get("oov_lm") is None else values["oov_lm"].astype(np.int64),
+            oov_ngram=None if values.get("oov_ngram") is None else values["oov_ngram"].astype(np.int64),
         )

@@ -4,8 +4,11 @@
         --define am=0.6*decoder+0.4*ctc --fixed am --out dev.weights.json
     lm-rescore nbest TEST_LIST --weights dev.weights.json --out test.rescored.jsonl --report test.report.json
 
-``tune`` reads only the dev list (and the models); ``nbest`` applies the weights file, which names the models,
-normalisation, definitions and λ it was tuned with, to any other list.
+``tune`` reads only the dev list, or several tuned on as one (and the models); ``nbest`` applies the weights file,
+which names the models, normalisation, definitions and λ it was tuned with, to any other list. ``tune`` says what the
+LMs added (the recipe without them, tuned alike: ``rescoring.evaluation.lms_added``) and records what its lists looked
+like (``rescoring.liststats``), so that ``nbest`` warns of a list unlike them; ``nbest`` reports what the LM terms
+changed on its list. ``lm-rescore evaluate`` (``evaluate_cli``) is the whole protocol, with baselines.
 
 Both write an HTML error analysis with ``--html`` (``rescoring.report_html``), and both check the list's references
 against the training text the neural LM's manifest names (``rescoring.overlap``; ``lm-rescore overlap`` runs that
@@ -54,7 +57,9 @@ from lmserve.rescoring.commands.shards import (
     write_report,
 )
 from lmserve.rescoring.context import CONTEXTS
+from lmserve.rescoring.evaluation import format_lms_added, lm_terms_report, lm_terms_stats, lms_added
 from lmserve.rescoring.features import check_features
+from lmserve.rescoring.liststats import carried_features, compare, list_statistics
 from lmserve.rescoring.lmscores import check_lambda, texts_fingerprint, write_cache
 from lmserve.rescoring.nbest import (
     FOLDER_FORMATS,
@@ -90,8 +95,8 @@ OFFENDERS = 5  # the worst references the leakage check lists in a report
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    tune = sub.add_parser("tune", help="tune feature weights on a dev list (minimise WER or maximise BLEU)")
-    _list_arguments(tune)
+    tune = sub.add_parser("tune", help="tune feature weights on dev lists (minimise WER or maximise BLEU)")
+    _list_arguments(tune, several=True)
     _model_arguments(tune)
     tune.add_argument("--metric", choices=("wer", "bleu"), required=True)
     tune.add_argument("--features", required=True, help="comma-separated: list features, neural, ngram, interp, ...")
@@ -184,24 +189,40 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     overlap.set_defaults(func=run_overlap)
 
 
-def _list_arguments(parser: argparse.ArgumentParser) -> None:
+def _list_arguments(parser: argparse.ArgumentParser, several: bool = False) -> None:
     class ListOrSystems(argparse.Action):
         """LIST, or ``--systems FILE...``, whose first file then stands for LIST where the list's path is used (the
-        score cache's default name, a shard's input fingerprint): one of the two, never both (argparse's group)."""
+        score cache's default name, a shard's input fingerprint): one of the two, never both (argparse's group;
+        ``tune``'s LIST..., which argparse cannot group, ``_list_conflicts``)."""
 
         def __call__(self, parser, namespace, values, option_string=None):
             if option_string:
                 namespace.systems, namespace.list = values, values[0]
+            elif isinstance(values, list):  # tune's LIST...: empty when --systems stands for it
+                if values:
+                    namespace.lists, namespace.list = values, values[0]
             elif values is not None:  # an absent LIST must not undo --systems
                 namespace.list = values
 
-    given = parser.add_mutually_exclusive_group(required=True)
+    if several:
+        given = parser
+        parser.set_defaults(list=None, lists=None, systems=None)
+    else:
+        given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument(
         "list",
-        nargs="?",
+        nargs="*" if several else "?",
         type=Path,
         action=ListOrSystems,
-        help="n-best/k-best list (file or folder, e.g. a WMT folder of system outputs; the format is detected)",
+        metavar="LIST",
+        **({"default": None} if several else {}),
+        help="n-best/k-best list (file or folder, e.g. a WMT folder of system outputs; the format is detected)"
+        + (
+            "; several: tuned on together, as one list (the --require-folds guard then asks every list to gain on "
+            "its held-out folds, not just their union)"
+            if several
+            else ""
+        ),
     )
     given.add_argument(
         "--systems",
@@ -240,6 +261,15 @@ def _list_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _list_conflicts(args) -> str | None:
     """Options of ``tune`` and ``nbest`` that cannot be honoured together (``command.parse_args``)."""
+    lists = getattr(args, "lists", None)
+    if args.list is None:
+        return "give the list to read, LIST or --systems FILE..."
+    if lists and args.systems:
+        return "LIST with --systems: give one of them (--systems reads the systems' files as the list)"
+    if lists and len(lists) > 1:
+        several = next((f for f in ("cache", "references", "shard", "html") if getattr(args, f, None)), None)
+        if several:
+            return f"--{several} with several lists: tune them one by one, or join them into one list first"
     if args.systems and args.format:
         return f"--format {args.format} with --systems: --systems reads plain files, one per system"
     if args.source and not args.systems:
@@ -366,7 +396,8 @@ def _language_models(args, saved: dict, weights: Path | None = None, setup: Setu
 def _read_paths(args, saved: dict | None = None) -> dict:
     """What ``tune`` and ``nbest`` read, by the flag that names it (``core.outputs``): the list (or the systems'
     files and the source), references and models, and ``nbest``'s weights file with the models it names."""
-    given = {"--systems": args.systems, "--source": args.source} if args.systems else {"LIST": args.list}
+    lists = getattr(args, "lists", None) or args.list
+    given = {"--systems": args.systems, "--source": args.source} if args.systems else {"LIST": lists}
     given |= {"--references": args.references, "--lm": args.lm, "--ngram": args.ngram}
     if saved is not None:
         given["--weights"] = args.weights
@@ -379,7 +410,24 @@ def _cache_path(args, shard: Shard | None = None) -> Path:
     return args.cache or args.out.with_name(f"{name}.lmscores.jsonl")
 
 
-def _read_list(args) -> NBestList:
+def _list_cache(args, path: Path) -> Path:
+    """The score cache of one of ``tune``'s several lists, beside ``--out``."""
+    return args.out.with_name(f"{path.name.split('.')[0]}.lmscores.jsonl")
+
+
+def _joined(parts: list[NBestList]) -> NBestList:
+    """Several lists as one, to tune on together (their names joined with +)."""
+    names = [part.name for part in parts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"LIST: two lists named {names[0]!r}: give lists of distinct names (the files' up to a dot)")
+    return NBestList([e for part in parts for e in part.entries], "+".join(names))
+
+
+def _joined_scores(scores: list):
+    return None if scores[0] is None else [row for part in scores for row in part]
+
+
+def _read_list(args, path: Path | None = None) -> NBestList:
     if args.max_words < 1:
         raise ValueError(f"--max-words {args.max_words}: expected at least 1")
     defaults = parse_defaults(args.feature_default)
@@ -389,7 +437,13 @@ def _read_list(args) -> NBestList:
         return read_systems(
             args.systems, args.source, args.references, feature_defaults=defaults, max_words=args.max_words
         )
-    return read_nbest(args.list, args.format, args.references, feature_defaults=defaults, max_words=args.max_words)
+    path = args.list if path is None else path
+    nbest = read_nbest(path, args.format, args.references, feature_defaults=defaults, max_words=args.max_words)
+    return nbest if len(getattr(args, "lists", None) or []) < 2 else NBestList(nbest.entries, _name(path))
+
+
+def _name(path: Path) -> str:
+    return path.name.split(".")[0] or path.name
 
 
 def _lambdas(text: str) -> list[float]:
@@ -418,8 +472,11 @@ def run_tune(args) -> int:
     if args.require_folds and not 0 < args.require_folds <= args.cv:
         raise ValueError(f"--require-folds {args.require_folds}: expected 1 to --cv ({args.cv})")
     shard = Shard.parse(args.shard) if args.shard else None
-    check_outputs({"--out": args.out, "--cache": _cache_path(args, shard), "--html": args.html}, _read_paths(args))
-    nbest = _read_list(args)
+    paths = args.lists or [args.list]
+    caches = [_cache_path(args, shard)] if len(paths) == 1 else [_list_cache(args, path) for path in paths]
+    check_outputs({"--out": args.out, "--cache": caches, "--html": args.html}, _read_paths(args))
+    parts = [_read_list(args)] if len(paths) == 1 else [_read_list(args, path) for path in paths]
+    nbest = parts[0] if len(parts) == 1 else _joined(parts)
     if args.cv and not 2 <= args.cv <= len(nbest):
         raise ValueError(f"--cv {args.cv}: expected 0 (none) or 2 to {len(nbest)} folds (the list's entries)")
     references_of(nbest, args.metric)
@@ -429,15 +486,29 @@ def run_tune(args) -> int:
     if shard:
         return _score_shard(args, models, nbest, shard)
     leakage = _overlap_check(args, models, nbest)
-    lm_scores = models.scores(nbest, _cache_path(args), progress=not args.quiet)
+    lm_scores = _joined_scores(
+        [models.scores(part, cache, progress=not args.quiet) for part, cache in zip(parts, caches, strict=True)]
+    )
+    owners = None if len(parts) == 1 else [part.name for part in parts for _ in part.entries]
+    search = {"methods": methods, "restarts": args.restarts, "seed": args.seed, "bounds": bounds}
     tuned = tune_setup(
         nbest, setup, lm_scores, args.metric, args.fixed, lambdas, args.cv,
-        methods=methods, restarts=args.restarts, seed=args.seed, bounds=bounds, penalty=args.penalty,
-        require_folds=args.require_folds,
+        penalty=args.penalty, require_folds=args.require_folds, owners=owners, **search,
     )  # fmt: skip
     extra = {"cross_validation": tuned.cross_validation} if tuned.cross_validation else {}
     extra["adopted"] = tuned.adopted
     extra["dev_metric_by_lambda"] = {str(k): v for k, v in tuned.by_lambda.items()}
+    if len(parts) > 1:
+        extra["dev_lists"] = {part.name: len(part) for part in parts}
+    paths_of = getattr(models, "paths", {}) or {}
+    added = lms_added(
+        tuned.data, tuned.setup, tuned.result.fixed, bool(paths_of.get("lm")), bool(paths_of.get("ngram")),
+        {**search, "penalty": args.penalty}, args.cv,
+        (tuned.cross_validation or {}).get("chosen"), tuned.result.dev_metric,
+    )  # fmt: skip
+    if added:
+        extra["lms_added"] = added
+    extra["list_statistics"] = list_statistics(nbest, carried_features(setup.features, setup.definitions, nbest))
     if leakage:
         extra["overlap"] = leakage
     write_weights(args.out, tuned.result, setup_record(models, tuned.setup), **extra)
@@ -465,6 +536,8 @@ def run_tune(args) -> int:
             f"{cv['folds']}-fold cross-validation: held-out {args.metric} {cv['heldout_metric']:.2f} (baseline {cv['baseline_metric']:.2f})"
         )
     print(format_stability(r, tuned.cross_validation))
+    if added:
+        print(format_lms_added(added, args.metric))
     if not tuned.adopted:
         kept = f"{r.fixed} = {r.weights[r.fixed]:g}"
         print(f"fewer than {args.require_folds} folds gained: the first pass alone is kept ({kept})")
@@ -501,6 +574,7 @@ def run_nbest(args) -> int:
     if not args.no_metrics:
         references_of(whole, record["metric"])
     check_features(whole, setup.features, setup.definitions, setup.lam, _models_given(args, saved))
+    drift = _list_drift(record, whole)
     models = _language_models(args, saved, args.weights, setup)
     check_normalisation(getattr(models, "normalisation", None), setup, args.allow_unnormalised)
     leakage = None if args.no_metrics else _overlap_check(args, models, nbest)
@@ -519,12 +593,24 @@ def run_nbest(args) -> int:
         stats = utterance_stats(nbest, chosen, record["metric"])
         weights = {"file": str(args.weights), **record["weights"]}
         rep = _full_report(nbest, chosen, record["metric"], models, setup, weights, leakage, stats)
+        has_lm = bool((getattr(models, "paths", None) or {}).get("lm"))
+        terms = lm_terms_stats(nbest, setup, lm_scores, record["metric"], has_lm)
+        effect = None  # a shard's is the merge's to compute, from every shard's rows
+        if terms is not None and not shard:
+            effect = lm_terms_report(*terms, record["metric"], rep["1best"]["signature"], rep["bootstrap"]["samples"])
+        added = {"on_this_list": effect, "at_tune_time": record.get("lms_added")}
+        if terms is not None or added["at_tune_time"]:
+            rep["lms_added"] = {k: v for k, v in added.items() if v or (k == "on_this_list" and terms)}
+    if drift:
+        rep["list_statistics"] = drift
     if shard:
         start = shard.bounds(len(whole))[0]
         if "overlap" in rep:  # its offenders numbered among the references of the whole list
             rep["overlap"] = renumbered(rep["overlap"], sum(len(e.references) for e in whole.entries[:start]))
         identity = _run_identity(args, whole, models, out_format, shard)
         rep["shard"] = shard_record(shard, whole, identity, args.out, out_format, args.report, stats)
+        if stats is not None and terms is not None:
+            rep["shard"]["lm_terms"] = {"features": terms[0], "stats": terms[1].tolist()}
     if args.report:
         write_report(args.report, rep)
     if args.html:
@@ -533,9 +619,33 @@ def run_nbest(args) -> int:
         write_html(args.html, rep, nbest, ranked, chosen)
     if stats is not None:
         print(format_report(rep))
+        if (rep.get("lms_added") or {}).get("on_this_list"):
+            print(_format_effect(rep["lms_added"]["on_this_list"], record["metric"]))
     if shard:
         print(f"shard {shard}: entries {start + 1} to {start + len(nbest)} of {len(whole)} -> {args.out}")
     return 0
+
+
+def _list_drift(record: dict, nbest: NBestList) -> dict | None:
+    """This list's statistics beside the ones the weights were tuned on (``rescoring.liststats``), each way it is
+    far from them a warning on stderr; None for a weights file written before tune recorded them."""
+    tuned = record.get("list_statistics")
+    if not tuned:
+        return None
+    now = list_statistics(nbest, [f for f in tuned.get("features", {}) if f in set(nbest.feature_names())])
+    warnings = compare(tuned, now)
+    for warning in warnings:
+        print(f"lm-rescore: warning: {nbest.name}: {warning} (tuned on {record['dev_set']})", file=sys.stderr)
+    return {"tuned": tuned, "this_list": now, "warnings": warnings}
+
+
+def _format_effect(effect: dict, metric: str) -> str:
+    b = effect["bootstrap"]
+    return (
+        f"without the LM terms ({', '.join(effect['lm_features'])} at weight 0, the rest as tuned): "
+        f"{metric.upper()} {effect[metric]:.2f}; the LMs changed {effect['choices_changed_by_lms']} choices, "
+        f"{b['delta']:+.2f}, p = {b['p_value']:.4f} (paired bootstrap)"
+    )
 
 
 def _run_identity(args, whole: NBestList, models, out_format: str, shard: Shard) -> dict:

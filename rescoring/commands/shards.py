@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from lmserve.core.atomic import atomic_write_lines, atomic_write_text
+from lmserve.rescoring.evaluation import lm_terms_report
 from lmserve.rescoring.lmscores import FORMAT, FORMAT_VERSION
 from lmserve.rescoring.nbest import SUFFIX_FORMATS, NBestList, output_format, read_nbest, write_nbest
 from lmserve.rescoring.overlap import Offender, Overlap
@@ -182,6 +183,12 @@ def merge(shards: list[tuple[Path, dict]], out: Path, fmt: str, offenders: int =
     merged.update(figures)
     if "overlap" in first:
         merged["overlap"] = _merged_overlap([rep["overlap"] for _, rep in shards], offenders)
+    terms = first["shard"].get("lm_terms")
+    if terms is not None:  # what the LM terms changed (``nbest``'s lms_added.on_this_list), from every shard's rows
+        rows = np.array([row for _, rep in shards for row in rep["shard"]["lm_terms"]["stats"]], dtype=np.int64)
+        samples = first["bootstrap"]["samples"]
+        on_list = lm_terms_report(terms["features"], rows, first["metric"], merged["1best"]["signature"], samples)
+        merged["lms_added"]["on_this_list"] = on_list
     return Merged(NBestList(entries), merged)
 
 
