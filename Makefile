@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup kenlm test lint demo clean proto
+.PHONY: setup kenlm test lint demo clean proto ngram-english_lm
 
 # Idempotent: re-runs only when pyproject.toml changes. torch: the CPU build 2.13.0, installed first (pyproject.toml says why).
 $(STAMP): pyproject.toml
@@ -95,6 +95,14 @@ demo: setup
 		w = (r["1best"]["wer"], r["rescored"]["wer"], r["bootstrap"]["p_value"]); \
 		print("test_atis WER 1-best %.2f, rescored %.2f (p = %.3f)" % w); \
 		sys.exit("rescoring made test_atis worse" if w[1] > w[0] else 0)'
+
+# The n-gram each shipped model (models/) is paired with, rebuilt from the shared data by one command each:
+# `make ngram-english_lm` -> var/ngrams/english_lm_4gram.bin (a 4-gram of the model's own training text, in its
+# vocabulary: other words are <unk>, so that per-word interpolation mixes distributions over the same words).
+ngram-english_lm: setup
+	$(VENV)/bin/lm-train prepare-english --data "$(DATA)/english-text" --out var/english-text
+	$(VENV)/bin/lm-rescore ngram build --order 4 --text var/english-text/train.txt.gz --like models/english_lm \
+		--memory 4G --out var/ngrams/english_lm_4gram
 
 clean:
 	rm -rf $(VENV) .cache var .pytest_cache .ruff_cache *.egg-info

@@ -14,6 +14,8 @@ from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
 from lmserve.rescoring.scorer import EOS, Scorer
 from tests.conftest import fit_and_export, tiny_config_text, write_corpus
 
+pytestmark = pytest.mark.slow  # trains a small stream model
+
 TOPICS = [f"t{i}" for i in range(6)]
 
 
@@ -143,3 +145,16 @@ def test_context_refuses_shards(stream_bundle, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         rescore_main([*args, "--context", "order", "--shard", "1/2", "--out", str(tmp_path / "w.json")])
     assert stop.value.code == 2 and "--context order with --shard" in capsys.readouterr().err
+
+
+def test_evaluate_with_context_measures_what_the_context_adds(stream_bundle, tmp_path, capsys):
+    listed = tmp_path / "topics.jsonl"
+    write_topic_list(listed, topic_documents(24, 9), 3)
+    wer = {}
+    for name, context in (("sentence", []), ("context", ["--context", "id"])):
+        out = tmp_path / f"{name}.json"
+        args = ["evaluate", str(listed), "--metric", "wer", "--features", "score,neural", "--fixed", "score"]
+        assert rescore_main([*args, "--lm", str(stream_bundle), "--cv", "3", *context, "--out", str(out)]) == 0
+        wer[name] = json.loads(out.read_text())["cross_validation"]["lists"]["topics"]["systems"]["recipe"]["wer"]
+    capsys.readouterr()
+    assert wer["context"] < wer["sentence"], wer

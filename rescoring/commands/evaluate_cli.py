@@ -35,6 +35,7 @@ from lmserve.core.atomic import atomic_write_text
 from lmserve.core.fingerprints import fingerprints
 from lmserve.core.outputs import check_outputs
 from lmserve.core.textnorm import PRESETS
+from lmserve.rescoring.context import CONTEXTS
 from lmserve.rescoring.evaluation import (
     FOLD_MODES,
     FORMAT,
@@ -84,6 +85,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "--normalize", choices=sorted(PRESETS), help="text normalisation for the LMs (default: the bundle's)"
     )
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    p.add_argument(
+        "--context",
+        choices=CONTEXTS,
+        help="document context: the neural LM reads each document's earlier utterances (their first-pass 1-best) "
+        "before scoring the next; documents by list order or by utterance id (rescoring.context)",
+    )
     p.add_argument("--cv", type=int, help="K-fold cross-validation (default 5 when neither --tune nor --transfer)")
     p.add_argument("--fold-mode", choices=FOLD_MODES, default="contiguous", help="folds (default: %(default)s)")
     p.add_argument(
@@ -239,7 +246,7 @@ def run_evaluate(args) -> int:
 
     models = None
     if models_given:
-        models = LanguageModels.load(args.lm, args.ngram, args.normalize, args.threads)
+        models = LanguageModels.load(args.lm, args.ngram, args.normalize, args.threads, context=args.context)
         check_normalisation(
             getattr(models, "normalisation", None), Setup(features, definitions), args.allow_unnormalised
         )

@@ -1,0 +1,150 @@
+"""What the neural LM adds over a tuned n-gram, on held-out folds, with the shipped model: ``lm-rescore evaluate``
+per set, the same recipe for every set, and the figures of its baselines beside it.
+
+    make ngram-english_lm
+    python -m benchmarks.neural_margin                       # every set; --sets td3 chime4 ... for some
+    python -m benchmarks.neural_margin --context             # the same with document context (rescoring.context)
+
+Sets and protocols (``lm-rescore evaluate``; the LMs are ``models/english_lm`` and ``var/ngrams/english_lm_4gram.bin``):
+
+- HyPoradise TED-LIUM 3 (``td3``), CHiME-4, Switchboard (``swbd``) and WSJ dev: 5-fold contiguous cross-validation
+  inside each set; WSJ with the tuning guard nested (``--guard 5``: a fold keeps the first pass unless every inner
+  fold gains). Recipe: the first pass's order (``prior = -rank``: these lists carry no scores), ``neural``,
+  ``ngram``, ``oov_lm``, ``length`` and ``nonword``; LM weights bounded at 0 from below.
+- LibriSpeech, first pass without its LM (``librispeech_amonly``): the 30-best lists' ``decoder`` and ``ctc`` scores
+  only (ESPnet's ``lm`` left out), tuned on dev_clean, reported on dev_other. Recipe: ``decoder`` (fixed), ``ctc``,
+  ``neural``, ``ngram``, ``oov_ngram``, ``length``. ``S_folds`` is 1 (a dev/test split, not folds).
+
+``S_wer_no_lm`` and ``S_wer_ngram_only`` are the recipe without any LM feature and without what needs the bundle,
+tuned the same way on the same folds; ``S_margin_pct`` is 100 × (n-gram-only − neural) / n-gram-only; ``S_folds_not_
+worse`` counts the folds where the neural recipe's held-out WER is not above the n-gram-only recipe's. With
+``S_p_vs_ngram_only`` is the paired bootstrap's share of samples in which the neural recipe is not better. With
+``--context`` the neural LM reads each document's earlier utterances (their first-pass 1-best) first: documents are
+the list's order (TED-LIUM 3 and WSJ are in talk and session order; CHiME-4 and Switchboard lists carry no document,
+so their context is the list order too) or LibriSpeech's speaker-chapter ids; the result is ``neural_margin_context``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.common import DATA_DIR, ROOT, write_result
+
+LM = ROOT / "models" / "english_lm"
+NGRAM = ROOT / "var" / "ngrams" / "english_lm_4gram.bin"
+HYPORADISE = {
+    "td3": DATA_DIR / "hyporadise" / "test_td3.json.gz",
+    "chime4": DATA_DIR / "hyporadise" / "test_chime4.json.gz",
+    "swbd": DATA_DIR / "hyporadise" / "test_swbd.json.gz",
+    "wsj": DATA_DIR / "wsj-nbest" / "dev.json",
+}
+HYPORADISE_RECIPE = [
+    "--features", "prior,neural,ngram,oov_lm,length,nonword", "--define", "prior=-1*rank", "--fixed", "prior",
+]  # fmt: skip
+LIBRISPEECH_RECIPE = ["--features", "decoder,ctc,neural,ngram,oov_ngram,length", "--fixed", "decoder"]
+SEARCH = ["--bounds", "neural=0:,ngram=0:", "--restarts", "6", "--penalty", "0.01"]
+SETS = (*HYPORADISE, "librispeech_amonly", "atis")
+ATIS_RECIPE = ["--features", "am_score,neural,ngram,oov_lm,length,nonword", "--fixed", "am_score"]
+
+
+def run(command: list[str]) -> None:
+    print("$", " ".join(command), file=sys.stderr, flush=True)
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+def adapted_atis(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path]:
+    """The ATIS-adapted bundle and n-gram mixture, from the first half of train_atis, and the second half's lists."""
+    atis = work / "atis"
+    atis.mkdir(exist_ok=True)
+    lists = json.loads(gzip.decompress((DATA_DIR / "hyporadise" / "train_atis.json.gz").read_bytes()))
+    half = len(lists) // 2
+    for part, items in (("adapt", lists[:half]), ("tune", lists[half:])):
+        (atis / f"{part}.json.gz").write_bytes(gzip.compress(json.dumps(items).encode()))
+    bin_ = Path(sys.executable).parent
+    run([str(bin_ / "lm-rescore"), "references", str(atis / "adapt.json.gz"), "--normalize", "librispeech",
+         "--out", str(atis / "adapt.txt")])  # fmt: skip
+    run_dir, bundle = atis / "run", atis / "bundle"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run([str(bin_ / "lm-train"), "fit", "configs/adapt_atis.toml", "--init-from", str(args.lm), "--out", str(run_dir),
+         "--set", f'data.train="{atis / "adapt.txt"}"', "--set", f'data.test="{atis / "adapt.txt"}"',
+         "--set", "train.epochs=6", "--set", "train.early_stop_patience=1", "--set", "train.threads=1"])  # fmt: skip
+    run([str(bin_ / "lm-train"), "export", "--checkpoint", str(run_dir), "--out", str(bundle), "--weights", "fp16"])
+    carved = run_dir / "carved"
+    run([str(bin_ / "lm-rescore"), "ngram", "build", "--order", "4", "--text", str(carved / "train.txt"),
+         "--like", str(args.lm), "--discount-fallback", "--out", str(atis / "atis_4gram")])  # fmt: skip
+    mixture = atis / "mix.json"
+    run([str(bin_ / "lm-rescore"), "ngram", "mix", "--ngram", f"{args.ngram},{atis / 'atis_4gram.bin'}",
+         "--heldout", str(carved / "valid.txt"), "--like", str(args.lm), "--out", str(mixture)])  # fmt: skip
+    return bundle, mixture, atis / "tune.json.gz"
+
+
+def evaluate(name: str, args: argparse.Namespace, out: Path) -> dict:
+    """One ``lm-rescore evaluate`` run (its JSON), its LM scores cached in ``var/neural_margin/cache``."""
+    lm, ngram = args.lm, args.ngram
+    if name == "atis":
+        lm, ngram, tune_list = adapted_atis(args, out.parent)
+    common = ["--metric", "wer", "--lm", str(lm), "--ngram", str(ngram), "--normalize", "librispeech"]
+    common += [*SEARCH, "--threads", str(args.threads), "--no-overlap-check", "--quiet", "--out", str(out)]
+    common += ["--cache-dir", str(out.parent / "cache")]
+    if name == "atis":
+        command = [f"atis={DATA_DIR / 'hyporadise' / 'test_atis.json.gz'}", "--tune", f"train_b={tune_list}"]
+        command += ATIS_RECIPE
+    elif name == "librispeech_amonly":
+        lists = DATA_DIR / "librispeech-nbest"
+        context = ["--context", "id"] if args.context else []
+        command = [f"dev_other={lists / 'dev_other.tar.gz'}", "--tune", f"dev_clean={lists / 'dev_clean.tar.gz'}"]
+        command += [*LIBRISPEECH_RECIPE, *context]
+    else:
+        context = ["--context", "order"] if args.context else []
+        guard = ["--guard", "5"] if name == "wsj" else []
+        command = [f"{name}={HYPORADISE[name]}", "--cv", "5", *HYPORADISE_RECIPE, *guard, *context]
+    run([sys.executable, "-m", "lmserve.rescoring", "evaluate", *command, *common])
+    return json.loads(out.read_text())
+
+
+def figures(name: str, result: dict) -> dict:
+    if name in ("librispeech_amonly", "atis"):
+        listed = result["held_out"]["lists"]["dev_other" if name != "atis" else "atis"]
+        systems = listed["systems"]
+        folds = [{v: systems[v]["wer"] for v in ("recipe", "ngram_only")}]
+    else:
+        listed = result["cross_validation"]["lists"][name]
+        systems, folds = listed["systems"], listed["per_fold"]
+    neural, ngram_only = systems["recipe"]["wer"], systems["ngram_only"]["wer"]
+    return {
+        f"{name}_wer_1best": systems["1best"]["wer"],
+        f"{name}_wer_no_lm": systems["no_lm"]["wer"],
+        f"{name}_wer_ngram_only": ngram_only,
+        f"{name}_wer_neural": neural,
+        f"{name}_margin_pct": 100 * (ngram_only - neural) / ngram_only,
+        f"{name}_folds": len(folds),
+        f"{name}_folds_not_worse": sum(f["recipe"] <= f["ngram_only"] for f in folds),
+        f"{name}_p_vs_ngram_only": listed["bootstrap"]["recipe_vs_ngram_only"]["p_value"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    parser.add_argument("--lm", type=Path, default=LM)
+    parser.add_argument("--ngram", type=Path, default=NGRAM)
+    parser.add_argument("--context", action="store_true", help="document context (rescoring.context)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    name = "neural_margin_context" if args.context else "neural_margin"
+    work = ROOT / "var" / name
+    work.mkdir(parents=True, exist_ok=True)
+    metrics: dict = {}
+    for s in args.sets:
+        metrics |= figures(s, evaluate(s, args, work / f"{s}.json"))
+    write_result(name, metrics, lm=str(args.lm), ngram=str(args.ngram), context=args.context)
+
+
+if __name__ == "__main__":
+    main()
