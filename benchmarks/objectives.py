@@ -42,7 +42,9 @@ def result_row(name: str, run_dir: Path, results: dict) -> dict:
         "selfnorm_alpha": cfg.objective.selfnorm_alpha,
         "beta": cfg.objective.beta,
         # input embedding parameters as a fraction of a full |V| x E matrix (slim input embeddings: M / (K |V|))
-        "fraction": cfg.model.slim_pool / (cfg.model.slim_subvectors * vocab_size) if cfg.model.slim_pool else 1.0,
+        "fraction": (cfg.model.input_slim_pool / (cfg.model.input_slim_subvectors * vocab_size))
+        if cfg.model.input_slim_pool
+        else 1.0,
         "test_ppl": test["ppl"],
         "valid_ppl": results["valid"]["ppl"],
         "tokens_per_s": results["tokens_per_s"],

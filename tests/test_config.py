@@ -112,3 +112,18 @@ def test_head_and_objective_keys_are_checked_at_start_up():
         with pytest.raises(ConfigError, match=key):
             config_from_dict(raw)
     config_from_dict({"head": {"type": "dsoftmax", "cutoffs": [10], "band_widths": [150, 50]}})
+
+
+def test_old_key_names_are_read_under_their_new_ones(tmp_path, capsys):
+    """[model] slim_subvectors / slim_pool became input_slim_subvectors / input_slim_pool (head.slim_* are the output
+    layer's): saved configs are read silently, a file or --set that gives an old name is warned."""
+    cfg = config_from_dict({"model": {"slim_subvectors": 4, "slim_pool": 40}})
+    assert (cfg.model.input_slim_subvectors, cfg.model.input_slim_pool) == (4, 40)
+    assert "slim_pool" not in cfg.to_dict()["model"] and cfg.to_dict()["model"]["input_slim_pool"] == 40
+    assert capsys.readouterr().err == ""
+    cfg = load_config(write(tmp_path, "[model]\nslim_pool = 40\nslim_subvectors = 4\n"), ["model.slim_pool=80"])
+    assert (cfg.model.input_slim_subvectors, cfg.model.input_slim_pool) == (4, 80)  # the --set wins, as it would
+    err = capsys.readouterr().err
+    assert "model.slim_subvectors is the old name of model.input_slim_subvectors" in err and "--set" in err
+    with pytest.raises(ConfigError, match="model.slim_pool is the old name of model.input_slim_pool: give one"):
+        config_from_dict({"model": {"slim_pool": 40, "input_slim_pool": 40}})

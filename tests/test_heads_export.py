@@ -59,7 +59,7 @@ ROWS = {
     ),
 }
 # [model] settings of a row, beside the tiny config's
-MODEL = {"slim-input": {"slim_subvectors": 4, "slim_pool": 32}}
+MODEL = {"slim-input": {"input_slim_subvectors": 4, "input_slim_pool": 32}}
 
 SENTENCES = [[5, 9, 3, 14], [7], [], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32]]
 

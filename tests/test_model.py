@@ -47,7 +47,8 @@ def test_dropout_only_while_training():
 
 
 def test_slim_input_embeddings_compose_shared_subvectors():
-    cfg = ModelConfig(embedding_size=8, hidden_size=8, slim_subvectors=4, slim_pool=20)  # 5 per pool, 10 words each
+    # 5 per pool, 10 words each
+    cfg = ModelConfig(embedding_size=8, hidden_size=8, input_slim_subvectors=4, input_slim_pool=20)
     model = LSTMLM(50, cfg, HeadConfig())
     table = model.embedding
     assert table.pools.numel() == 20 * 8 // 4  # M sub-vectors of E/K: 10% of the 50 x 8 matrix
@@ -66,13 +67,15 @@ def test_slim_input_embeddings_compose_shared_subvectors():
 
 
 def test_slim_input_embeddings_are_validated_and_cannot_be_tied():
-    with pytest.raises(ValueError, match="model.slim_subvectors = 3"):
-        LSTMLM(50, ModelConfig(embedding_size=8, slim_subvectors=3, slim_pool=30), HeadConfig())
-    with pytest.raises(ValueError, match="model.slim_pool = 10"):
-        LSTMLM(50, ModelConfig(embedding_size=8, slim_subvectors=4, slim_pool=10), HeadConfig())
+    with pytest.raises(ValueError, match="model.input_slim_subvectors = 3"):
+        LSTMLM(50, ModelConfig(embedding_size=8, input_slim_subvectors=3, input_slim_pool=30), HeadConfig())
+    with pytest.raises(ValueError, match="model.input_slim_pool = 10"):
+        LSTMLM(50, ModelConfig(embedding_size=8, input_slim_subvectors=4, input_slim_pool=10), HeadConfig())
     with pytest.raises(ValueError, match="no matrix to tie"):
         LSTMLM(
             50,
-            ModelConfig(embedding_size=8, hidden_size=8, slim_pool=40, slim_subvectors=4, tie_embeddings=True),
+            ModelConfig(
+                embedding_size=8, hidden_size=8, input_slim_pool=40, input_slim_subvectors=4, tie_embeddings=True
+            ),
             HeadConfig(),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -69,10 +70,11 @@ class ModelConfig:
     tie_embeddings: bool = False
     projection_size: int = 0  # project the top hidden state to this size before the head (0 = none)
     init_range: float = 0.1  # every parameter ~ U(-r, r); 0 keeps PyTorch's defaults
-    # slim input embeddings (Li et al. 2018): each word's embedding is slim_subvectors sub-vectors drawn from
-    # slim_pool shared ones (a fraction slim_pool / (slim_subvectors * |V|) of the parameters); 0 = a full matrix
-    slim_pool: int = 0
-    slim_subvectors: int = 10
+    # slim input embeddings (Li et al. 2018): each word's embedding is input_slim_subvectors sub-vectors drawn from
+    # input_slim_pool shared ones (a fraction input_slim_pool / (input_slim_subvectors * |V|) of the parameters);
+    # 0 = a full matrix. (head.slim_subvectors and head.slim_pool are the slim *output* layer's.)
+    input_slim_pool: int = 0
+    input_slim_subvectors: int = 10
 
 
 @dataclass
@@ -94,7 +96,9 @@ class HeadConfig:
     # huffman_clustered (Huffman path lengths, words placed by tree_embeddings) | balanced
     tree: str = "huffman"
     tree_embeddings: str = ""  # tree = (huffman_)clustered: a trained run (or checkpoint) over the same vocabulary
-    slim_subvectors: int = 4  # slim: K sub-vectors per output vector (divides the head's input size)
+    # slim (the output layer; model.input_slim_* are the input embedding's): K sub-vectors per output vector (divides
+    # the head's input size)
+    slim_subvectors: int = 4
     slim_pool: int = 0  # slim: M shared sub-vectors in all, M/K per position (a multiple of K; required)
     # slim: a trained run (or checkpoint) over the same vocabulary whose output vectors (or input embeddings) are cut
     # into the K sub-vectors and clustered by k-means, M/K clusters per position: the pools start at the centroids and
@@ -283,11 +287,47 @@ def _check_value(value, hint, where: str):
     raise TypeError(f"unsupported config type {hint} at {where}")
 
 
+# keys that have a new name: (section, old key) -> new key. The old key is still read (saved checkpoints and bundles
+# hold it; a file or --set that gives it gets a warning), and a config is written with the new one.
+RENAMED = {
+    ("model", "slim_subvectors"): "input_slim_subvectors",
+    ("model", "slim_pool"): "input_slim_pool",
+}
+
+
+def _renamed(section: str, key: str, source: str, warn: bool) -> str:
+    """``key``'s current name in ``section``; with ``warn``, an old name says so on stderr."""
+    new = RENAMED.get((section, key))
+    if new is None:
+        return key
+    if warn:
+        print(
+            f"lm-train: warning: {source}: {section}.{key} is the old name of {section}.{new}; it is read as "
+            f"{section}.{new}, but give that name: the old one will go",
+            file=sys.stderr,
+        )
+    return new
+
+
+def _with_current_names(raw: dict, source: str, warn: bool) -> dict:
+    """``raw`` (a new dict) with every old key of :data:`RENAMED` under its new name; both names at once is an error."""
+    raw = {section: dict(body) if isinstance(body, dict) else body for section, body in raw.items()}
+    for (section, old), new in RENAMED.items():
+        body = raw.get(section)
+        if not isinstance(body, dict) or old not in body:
+            continue
+        if new in body:
+            raise ConfigError(f"{source}: {section}.{old} is the old name of {section}.{new}: give one of them")
+        body[_renamed(section, old, source, warn)] = body.pop(old)
+    return raw
+
+
 def config_from_dict(raw: dict, source: str = "<config>") -> Config:
-    """Build a validated Config; unknown sections or keys and wrong types are errors that name them."""
+    """Build a validated Config; unknown sections or keys and wrong types are errors that name them. Old key names
+    (:data:`RENAMED`) are read under their new ones."""
     sections = {}
     section_types = typing.get_type_hints(Config)
-    for name, body in raw.items():
+    for name, body in _with_current_names(raw, source, warn=False).items():
         if name not in section_types:
             raise ConfigError(f"{source}: unknown section [{name}] (known: {', '.join(section_types)})")
         if not isinstance(body, dict):
@@ -414,15 +454,17 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
 
 
 def read_config_file(path: str | Path) -> dict:
-    """The TOML file as written, before defaults: what ``--init-from`` needs to tell a key given from one left out."""
+    """The TOML file as written, before defaults (old key names under their new ones): what ``--init-from`` needs to
+    tell a key given from one left out."""
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: config file not found") from e
     except (OSError, UnicodeDecodeError) as e:  # a folder (an empty argument is "."), unreadable, not text
         raise ConfigError(f"{path or repr(path)}: cannot read it as a TOML config file ({e})") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    return _with_current_names(raw, str(path), warn=True)
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -432,7 +474,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         keys, value = parse_override(text)
         if len(keys) != 2:
             raise ConfigError(f"--set {text!r}: expected section.key=value")
-        raw.setdefault(keys[0], {})[keys[1]] = value
+        raw.setdefault(keys[0], {})[_renamed(keys[0], keys[1], f"--set {text!r}", warn=True)] = value
     return raw
 
 

@@ -21,8 +21,8 @@ class LSTMLM(nn.Module):
         """``words`` (the vocabulary's tokens by id) is needed only by heads built from spellings (charcnn)."""
         super().__init__()
         self.embedding = (
-            SlimEmbedding(vocab_size, cfg.embedding_size, cfg.slim_subvectors, cfg.slim_pool)
-            if cfg.slim_pool
+            SlimEmbedding(vocab_size, cfg.embedding_size, cfg.input_slim_subvectors, cfg.input_slim_pool)
+            if cfg.input_slim_pool
             else nn.Embedding(vocab_size, cfg.embedding_size)
         )
         self.dropout = nn.Dropout(cfg.dropout)
@@ -35,8 +35,10 @@ class LSTMLM(nn.Module):
             for p in self.parameters():
                 nn.init.uniform_(p, -cfg.init_range, cfg.init_range)
         if cfg.tie_embeddings:
-            if cfg.slim_pool:
-                raise ValueError("model.tie_embeddings: slim input embeddings (model.slim_pool) have no matrix to tie")
+            if cfg.input_slim_pool:
+                raise ValueError(
+                    "model.tie_embeddings: slim input embeddings (model.input_slim_pool) have no matrix to tie"
+                )
             if not hasattr(self.head, "tie_to"):
                 raise ValueError(f"model.tie_embeddings: head {head_cfg.type!r} has no single output matrix to tie")
             self.head.tie_to(self.embedding)

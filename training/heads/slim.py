@@ -3,7 +3,7 @@
 Each word's vector is K sub-vectors of size D/K; sub-vector k is one of the M/K vectors of pool k, by a random,
 fixed, balanced assignment (every pool vector serves ⌊V·K/M⌋ or ⌈V·K/M⌉ words). The matrix then has M·D/K
 parameters instead of V·D. Both ends of the model can be slim: ``SlimSoftmax`` (output vectors, plus a full bias per
-word) and ``SlimEmbedding`` (input vectors, ``model.slim_pool``), each with its own assignment.
+word) and ``SlimEmbedding`` (input vectors, ``model.input_slim_pool``), each with its own assignment.
 
 The logits of the whole vocabulary need no V × D matrix: the dot products of the hidden state's K chunks with
 their pools cost M·D/K, and each word's logit is the sum of its K looked-up products (the dynamic programme over K
@@ -103,10 +103,11 @@ class SubvectorPools(nn.Module):
 
 
 class SlimEmbedding(SubvectorPools):
-    """Slim input embeddings: ``nn.Embedding``'s interface, ``model.slim_subvectors`` × ``model.slim_pool``."""
+    """Slim input embeddings: ``nn.Embedding``'s interface, ``model.input_slim_subvectors`` K ×
+    ``model.input_slim_pool`` M."""
 
     def __init__(self, vocab_size: int, dim: int, subvectors: int, pool: int):
-        super().__init__(vocab_size, dim, subvectors, pool, ASSIGNMENT_SEED + 1, "model.slim")
+        super().__init__(vocab_size, dim, subvectors, pool, ASSIGNMENT_SEED + 1, "model.input_slim")
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.vectors(ids)
