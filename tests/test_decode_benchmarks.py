@@ -7,7 +7,10 @@ from conftest import make_sentences
 
 from lmserve.rescoring.ngram import build_ngram
 
-pytest.importorskip("pyctcdecode", reason="pyctcdecode is not installed (pip install -e '.[decoders]')")
+pytest.importorskip(
+    "pyctcdecode",
+    reason="pyctcdecode is not installed (pip install --no-deps pyctcdecode==0.5.0; make test installs it)",
+)
 
 LABELS = " w0123456789"
 

@@ -23,7 +23,8 @@ from lmserve.rescoring.ngram import NgramLM, build_ngram
 from lmserve.server.process import ServerProcess
 
 pytest.importorskip(
-    "pyctcdecode", reason="pyctcdecode is not installed (pip install -e '.[decoders]'; make test installs it)"
+    "pyctcdecode",
+    reason="pyctcdecode is not installed (pip install --no-deps pyctcdecode==0.5.0; make test installs it)",
 )
 from lmserve.rescoring.decoders.pyctcdecode_lm import build_ctcdecoder  # noqa: E402
 

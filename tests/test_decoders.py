@@ -5,8 +5,9 @@ sentence, a beam step is one LM call, a word is scored at its boundary only (cha
 and the faults: a server stopped mid-decode is an error naming its address, or with a fallback n-gram a warning (once)
 and a finished decode; a reload mid-decode keeps the states (same bundle) or refuses them (FAILED_PRECONDITION).
 
-The decoders are optional (``pip install -e '.[decoders]'``, which ``make test`` installs): their tests skip, saying
-so, where a package is missing."""
+The decoders are optional (``pip install -e '.[decoders]'``, and pyctcdecode beside it with ``--no-deps``: the
+extra's comment in pyproject.toml says why; ``make test`` installs both): their tests skip, saying so, where a package
+is missing."""
 
 import contextlib
 import logging
@@ -24,7 +25,8 @@ from lmserve.rescoring.scorer import Scorer
 from lmserve.server.process import ServerProcess
 
 pyctcdecode = pytest.importorskip(
-    "pyctcdecode", reason="pyctcdecode is not installed (pip install -e '.[decoders]'; make test installs it)"
+    "pyctcdecode",
+    reason="pyctcdecode is not installed (pip install --no-deps pyctcdecode==0.5.0; make test installs it)",
 )
 from lmserve.rescoring.decoders.pyctcdecode_lm import (  # noqa: E402
     BatchedBeamSearchDecoderCTC,

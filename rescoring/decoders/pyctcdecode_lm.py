@@ -18,10 +18,12 @@ starts with it as written. The word boundary: ``rescoring.decoders``.
 pyctcdecode itself asks for one (state, word) at a time. :class:`BatchedBeamSearchDecoderCTC` (what
 :func:`build_ctcdecoder` makes) first gathers every word that a frame's beams complete and scores them in one LM call
 (one LSTM step locally, one request on lm-serve), then lets pyctcdecode's own code run on the filled cache; its
-results are those of the plain decoder with the same LM. The plain ``BeamSearchDecoderCTC(alphabet, lm)`` works too,
-one call per word. One decoder serves several threads (a remote LM steps on a stream per thread), and
-``decode_batch`` takes a fork pool (each worker connects anew after the fork; pyctcdecode itself decodes in one
-process when given a spawn pool, since its workers find the LM by inheritance).
+results are those of the plain decoder with the same LM. That hook is the one private part of pyctcdecode used here:
+it overrides ``_get_lm_beams`` (and reads ``_language_model``) of pyctcdecode 0.5.0, the version ``make setup``
+installs; ``tests/test_decoders.py`` compares its beams with the plain decoder's. The plain
+``BeamSearchDecoderCTC(alphabet, lm)`` works too, one call per word. One decoder serves several threads (a remote LM
+steps on a stream per thread), and ``decode_batch`` takes a fork pool (each worker connects anew after the fork;
+pyctcdecode itself decodes in one process when given a spawn pool, since its workers find the LM by inheritance).
 """
 
 from __future__ import annotations
@@ -31,10 +33,16 @@ from collections.abc import Sequence
 
 from pyctcdecode.alphabet import Alphabet
 from pyctcdecode.constants import AVG_TOKEN_LEN, DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_UNK_LOGP_OFFSET
-from pyctcdecode.decoder import BeamSearchDecoderCTC, _merge_tokens
+from pyctcdecode.decoder import BeamSearchDecoderCTC
 from pyctcdecode.language_model import AbstractLanguageModel
 
 from lmserve.rescoring.decoders.lm import DecoderLM, LMState
+
+
+def joined(text: str, word: str) -> str:
+    """A beam's text with its next word: what pyctcdecode's decoder keys its cached LM scores by (a space between
+    them unless one is empty)."""
+    return f"{text} {word}" if text and word else text or word
 
 
 class LMServeLanguageModel(AbstractLanguageModel):
@@ -99,7 +107,7 @@ class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
         if isinstance(language_model, LMServeLanguageModel):
             wanted = {}
             for text, next_word, *_ in beams:
-                key = (_merge_tokens(text, next_word), is_eos)
+                key = (joined(text, next_word), is_eos)
                 if key not in cached_lm_scores and key not in wanted:
                     wanted[key] = (cached_lm_scores[(text, False)][-1], next_word, is_eos)
             if wanted:
