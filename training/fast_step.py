@@ -17,9 +17,7 @@ static shapes (:class:`Router`):
   settle after a few batches. The step widens every batch of a T to the widest capacities it has met for that T
   (:meth:`RoutedBatch.widened`): batches routed before a capacity grew (those waiting in the prefetch queue, or a
   benchmark's batches routed all at once) would otherwise alternate with the wider ones, each change of shape a new
-  capture. Routed in order, gpu_step's 40 batches meet 19 shapes, and before the step widened them every later pass
-  over them captured 8 graphs again (counted on the CPU with the router and the old rule): ``cuda_graphs``' first
-  1.24x at 60% busy was timed with those captures inside its rounds.
+  capture. Routed in order, gpu_step's 40 batches meet 19 shapes; widened, a second pass over them captures none.
 
 ``compile``: :func:`routed_loss` through ``torch.compile`` (AOTAutograd compiles its backward; on a GPU mode
 ``reduce-overhead`` replays it as CUDA graphs, one per shape; the cuDNN LSTM stays an eager graph break), then
@@ -28,10 +26,9 @@ backward, clipping and the capturable Adam update with its learning rate read fr
 a shape trains eagerly through the same code (the warm-up a capture needs), later ones are copied into the graph's
 static inputs and replayed. The graphs share one memory pool: they never run at once, and what one leaves behind (its
 outputs) is read before the next replays. ``compile_graphs``: both, the compiled loss (inductor's default mode, no
-CUDA graphs of its own) captured with the LSTM, clipping and Adam in ``cuda_graphs``' graphs. On an H100, compile
-ran the LibriSpeech LM's bf16 step 1.43x as fast as the eager one with the GPU busy 45% of the time, and the capture
-1.24x at 60% (docs/benchmarks/gpu.md): compile fuses the head's loss terms but launches the LSTM eagerly, the capture
-launches nothing but runs the unfused head.
+CUDA graphs of its own) captured with the LSTM, clipping and Adam in ``cuda_graphs``' graphs. Compile fuses the
+head's loss terms but launches the LSTM eagerly, the capture launches nothing but runs the unfused head, and
+compile_graphs does both; docs/benchmarks/gpu.md (``gpu_step.json``) times the three against the eager step.
 
 Differences from the eager step: a tail cluster with no target in a batch gets a zero gradient (Adam moves it by its
 momentum) where the eager step leaves it out of the update; the bf16 products run on padded shapes, so losses agree

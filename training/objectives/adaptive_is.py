@@ -13,12 +13,13 @@ towards it by ``objective.adapt_rate`` a step,
 
 starting from the training unigram, and Q is built from it as the fixed proposal is built from the training
 unigram: p̄ to the power ``noise_power``, normalised, mixed with the uniform by ``noise_uniform`` (so that no word's Q
-falls to 0). The power matters: a proposal that followed p̄ itself concentrated its samples on frequent words as
-training went on, and rare words were seldom offered as negatives, as with the plain unigram proposal (Gutenberg
-50k, 1M tokens: 560.6 against fixed IS's 452.4, an earlier ``output_layers_v2`` run). (Bengio & Senécal's
-proposal is an adapted n-gram; this is its unigram case, which one ``[N, D] x [D, S]`` product per step can sample
-from, shared by the batch.) The estimate is training state: checkpoints keep it (``state_dict``), and under
-torchrun the ranks average their estimates so that they all draw from the same Q.
+falls to 0). The power matters: a proposal that follows p̄ itself concentrates its samples on frequent words as
+training goes on, and rare words are seldom offered as negatives, as with the plain unigram proposal: with the
+power adaptive IS beats fixed IS, and without it falls behind (Gutenberg 50k, 1M tokens:
+docs/benchmarks/output-layers.md, ``output_layers_v2.json``). (Bengio & Senécal's proposal is an adapted n-gram;
+this is its unigram case, which one ``[N, D] x [D, S]`` product per step can sample from, shared by the batch.) The
+estimate is training state: checkpoints keep it (``state_dict``), and under torchrun the ranks average their
+estimates so that they all draw from the same Q.
 """
 
 from __future__ import annotations
