@@ -6,10 +6,11 @@ merges concurrent calls into batches (``server.batching``), which ``ScoreSentenc
 ``tune --server`` keeps, since tuning needs every token's score) cannot do.
 
 What a call asks for: the LM columns the weights use (``neural``, ``ngram``, ``interp`` at the weights' λ, the OOV
-counts ``oov``, ``oov_lm``, ``oov_ngram``), each with weight 0, for lists that carry only their texts. The answer's feature values are the engine's own sums
-(``lmscores.LMSums``), and everything else (definitions, weights, reranking, the report) runs here, in the code of
-the offline run: the output is byte for byte the offline one whenever the servers' LM scores are the offline scores
-(the same model; tests/test_fleet.py checks it).
+counts ``oov``, ``oov_lm``, ``oov_ngram``), each with weight 0, for lists that carry only their texts. The answer's
+feature values are the engine's own sums (``lmscores.LMSums``), and everything else (definitions, weights, reranking,
+the report) runs here, in the code of the offline run: the output is byte for byte the offline one whenever the
+servers' LM scores are the offline scores (the same model; tests/test_rescore_at_scale.py,
+``test_a_fleet_rescores_as_the_offline_run``, checks it).
 
 Dispatch: each target is first asked ``GetModelInfo``; every target that answers must serve the same model (bundle
 fingerprint, n-gram, text normalisation), and only those are sent lists. A call goes to the target with the fewest
