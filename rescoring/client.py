@@ -333,8 +333,15 @@ def _combine(
 
 
 def normalisation_name(value: int) -> str | None:
-    """The wire enum back to the bundle's label (None for unspecified)."""
+    """The wire enum of score normalisation back to the bundle's label (None for unspecified)."""
     return next((name for name, v in NORMALISATIONS.items() if v == value), None)
+
+
+def text_settings_json(info: pb.ModelInfo) -> str:
+    """A model's *text* normalisation settings (``core.textnorm.TextNormalizer.to_dict()`` as JSON). The wire field is
+    ``normalisation_settings_json``, a name older than the rule that a bare "normalisation" is score normalisation
+    (docs/design.md, Names), and kept for compatibility: read it through this."""
+    return info.normalisation_settings_json
 
 
 def hypothesis_list(entry: NBestEntry) -> pb.HypothesisList:

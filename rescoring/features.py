@@ -19,7 +19,7 @@ Names a weights file or a command line can use:
   ``length`` is): ``rank``, the first pass's 1-based rank (``Hypothesis.rank``, else the position in the list);
   ``chars``, characters without whitespace; ``nonword``, words as written with no letter or digit (a recogniser's
   stray ``.`` or ``..``: no reference of a spoken-word transcript has them, and the LMs cannot see them, since
-  normalisation drops punctuation before scoring); ``src_ratio``, words over the words of the entry's source
+  text normalisation drops punctuation before scoring); ``src_ratio``, words over the words of the entry's source
   sentence (MT; ``NBestEntry.source``, an empty source counting as one word; a Chinese or Japanese character is a
   source word of its own: ``core.words.source_length``);
 - ``consensus_bleu``, ``consensus_chrf``, ``consensus_wer``: minimum-Bayes-risk agreement of each hypothesis with

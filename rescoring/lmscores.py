@@ -3,14 +3,14 @@
 Rescoring features (sentence log-probabilities, their per-word interpolation for any λ, OOV counts) are all functions
 of these per-token scores, so tuning, λ sweeps and reports read the cache and never run a model again.
 
-Both models see the same tokens: the hypothesis text through the normaliser, words outside the neural vocabulary
-replaced by ``<unk>`` for the n-gram too. Per-word interpolation is then a mixture of two distributions over the same
-events (the neural vocabulary plus ``</s>``), so its perplexity is a true perplexity. Token scores are natural logs,
-one per word and one for ``</s>``.
+Both models see the same tokens: the hypothesis text through the text normaliser, words outside the neural
+vocabulary replaced by ``<unk>`` for the n-gram too. Per-word interpolation is then a mixture of two distributions
+over the same events (the neural vocabulary plus ``</s>``), so its perplexity is a true perplexity. Token scores are
+natural logs, one per word and one for ``</s>``.
 
 Cache file (JSONL): a header line ``{"format": "lmserve-lmscores", "format_version": 2, "key": {...}}`` where the key
-fingerprints the lists' texts, the bundle's files, the n-gram file and the normaliser (or the lm-serve model the scores
-came from); then one line per entry:
+fingerprints the lists' texts, the bundle's files, the n-gram file and the text normaliser (or the lm-serve model the
+scores came from); then one line per entry:
 ``{"id", "hypotheses": [{"neural": [...], "ngram": [...], "oov": n, "oov_ngram": m}]}`` (``oov_ngram`` wherever an
 n-gram scored; in a line written before it was kept, it is not known). A cache whose key differs is recomputed, and
 so is one of version 1, which kept 7 significant digits: a run that read it wrote other features than the run that
@@ -96,7 +96,7 @@ def cache_key(
 
 
 def models_key(scorer: Scorer | None, ngram: NgramLM | None, normalizer: TextNormalizer) -> dict[str, str | None]:
-    """What the scores depend on besides the texts: the bundle's files, the n-gram file, the normaliser."""
+    """What the scores depend on besides the texts: the bundle's files, the n-gram file, the text normaliser."""
     return {
         "neural": None
         if scorer is None
@@ -126,7 +126,7 @@ def compute(
     if scorer is None and ngram is None:
         raise ValueError("nothing to score with: give a neural LM bundle, an n-gram, or both")
     if scorer is not None and scorer.normalizer != normalizer:
-        raise ValueError("the scorer normalises text differently from the n-gram: give both the same normaliser")
+        raise ValueError("the scorer normalises text differently from the n-gram: give both the same text normaliser")
     seconds = {} if seconds is None else seconds
     states = None
     if context is not None and scorer is not None:
@@ -273,8 +273,8 @@ def in_vocabulary(words: list[str], vocab: Collection[str]) -> list[str]:
 
 
 def ngram_view(normalizer: TextNormalizer, vocab: Collection[str] | None = None) -> Callable[[str], list[str]]:
-    """Text -> the tokens an n-gram paired with a neural LM is trained on and queried with: the same normaliser, and
-    with ``vocab`` (the bundle's) every other word as ``<unk>``."""
+    """Text -> the tokens an n-gram paired with a neural LM is trained on and queried with: the same text normaliser,
+    and with ``vocab`` (the bundle's) every other word as ``<unk>``."""
 
     def view(text: str) -> list[str]:
         words = normalizer.normalize(text)

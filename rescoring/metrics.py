@@ -4,7 +4,7 @@ Thin over jiwer and sacrebleu, so numbers match what others get from the same li
 ``signature`` (sacrebleu's for BLEU, an equivalent one for WER) so a figure can be reproduced. Text is scored as
 given, but for what separates words: any Unicode whitespace (``core.words``, the LMs' definition; the signatures
 say ``words:unicode-whitespace``), so jiwer and sacrebleu get each text's words joined by single spaces. WER uses no
-normalisation, BLEU sacrebleu's settings (13a by default).
+text normalisation, BLEU sacrebleu's settings (13a by default).
 
 Per-utterance *sufficient statistics* are the currency shared with tuning and significance tests: corpus metrics are
 functions of their sums, so a resampled corpus or a new choice of hypotheses costs a sum, not a re-alignment.

@@ -185,7 +185,8 @@ def text_record(
     normalizer: TextNormalizer, vocab: Collection[str] | None, normalize: str | None, like: str | None
 ) -> dict:
     """How text becomes a model's tokens (``ngram build``) or the held-out text's (``ngram mix``): the flags, the
-    normaliser they give, and the vocabulary other words become ``<unk>`` outside of (its sha256; None: all kept)."""
+    text normaliser they give, and the vocabulary other words become ``<unk>`` outside of (its sha256; None: all
+    kept)."""
     vocabulary = None
     if vocab is not None:
         vocabulary = {"size": len(vocab), "sha256": hashlib.sha256("\n".join(sorted(vocab)).encode()).hexdigest()}
@@ -305,8 +306,8 @@ def tune_mixture(
     text: dict | None = None,
 ) -> dict:
     """Tune the weights of the KenLM models at ``paths`` on the tokenised held-out ``sentences`` and write the
-    mixture file ``out``; ``heldout`` (files, normaliser) goes into it as it is. ``text``: how the held-out text was
-    read (:func:`text_record`), compared with the models' records. Returns what was written."""
+    mixture file ``out``; ``heldout`` (files, text normaliser) goes into it as it is. ``text``: how the held-out text
+    was read (:func:`text_record`), compared with the models' records. Returns what was written."""
     out = Path(out)
     if len(paths) < 2:
         raise ValueError(f"a mixture needs at least two n-grams, got {len(paths)}")

@@ -16,8 +16,8 @@ Why it is built this way:
   is checked word for word, so a hash collision can never count as a match.
 - Windows run across line ends within a file (LM text is cut into sentences differently from how utterances are
   cut), never across files.
-- Both sides are lower-cased and split on whitespace after an optional ``core.textnorm`` normaliser each: the
-  references usually need the LM's normaliser (``lm-rescore tune``/``nbest`` pass the one their LMs use), the
+- Both sides are lower-cased and split on whitespace after an optional ``core.textnorm`` text normaliser each: the
+  references usually need the LM's text normaliser (``lm-rescore tune``/``nbest`` pass the one their LMs use), the
   training text is normally in the model's form already.
 - References shorter than n words cannot occur; they stay in the denominators (a share of *all* references), and
   their number is reported.

@@ -2,7 +2,7 @@
 run by looking at it.
 
 It shows the summary (1-best, rescored and oracle; substitutions, deletions and insertions; the paired bootstrap;
-the metric signature; models, weights, the LM's normalisation and the leakage check), the utterances with their
+the metric signature; models, weights, the LM's score normalisation and the leakage check), the utterances with their
 reference, 1-best and chosen hypothesis aligned (jiwer's alignment, sclite-style: substitutions, insertions and
 deletions marked), filters (changed, improved, worsened, unchanged) and sortable columns, WER by utterance length, the
 most frequent confusion pairs, and, on demand, every hypothesis of an utterance with its feature values. For

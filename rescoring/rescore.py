@@ -43,7 +43,7 @@ RESCORE_FEATURE = "rescore"  # the combined score, added to every hypothesis of 
 @dataclass
 class LanguageModels:
     """A neural LM bundle and/or an n-gram (one KenLM model or a mixture of them, ``rescoring.ngram_mix``), loaded
-    once, and the normaliser that turns hypotheses into their tokens."""
+    once, and the text normaliser that turns hypotheses into their tokens."""
 
     scorer: Scorer | None
     ngram: NgramLM | NgramMixture | None

@@ -30,7 +30,7 @@ class Profile:
 class ServedModel:
     name: str
     config: ModelConfig
-    lms: LanguageModels  # what rescoring uses: scorer, n-gram, normaliser
+    lms: LanguageModels  # what rescoring uses: scorer, n-gram, text normaliser
     lm: InterpolatedLM  # what sentence and next-word scoring use: the same scorer and n-gram
 
     profiles: dict[str, Profile]
@@ -69,7 +69,7 @@ class ServedModel:
         if tuned_with != self.config.normalize:
             raise ConfigError(
                 f"{where}: tuned with normalize = {tuned_with!r}, the model uses {self.config.normalize!r}; "
-                "give the model the normalisation its weights were tuned with"
+                "give the model the text normalisation its weights were tuned with"
             )
         used = set(setup.features) | {t for terms in setup.definitions.values() for t in terms}
         if self.lms.ngram is None and used & {"ngram", "interp"}:

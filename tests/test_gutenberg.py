@@ -7,7 +7,7 @@ import pytest
 from lmserve.training.gutenberg import (
     book_sentences,
     holdout_split,
-    normalise_librispeech,
+    normalize_librispeech,
     paragraphs,
     prepare_gutenberg,
     read_manifest,
@@ -149,8 +149,8 @@ def test_split_sentences_needs_capital_or_opening_quote_after_the_stop():
         ("Chapter ½ or ²", None),
     ],
 )
-def test_normalise_librispeech(sentence, expected):
-    assert normalise_librispeech(sentence) == expected
+def test_normalize_librispeech(sentence, expected):
+    assert normalize_librispeech(sentence) == expected
 
 
 def test_book_sentences_counts_digit_sentences_and_drops_empty_ones():

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from lmserve.core.textnorm import PRESETS, TextNormalizer
-from lmserve.training.gutenberg import normalise_librispeech
+from lmserve.training.gutenberg import normalize_librispeech
 
 PTB = PRESETS["ptb"]
 GUTENBERG = PRESETS["gutenberg"]
@@ -122,7 +122,7 @@ def test_gutenberg_preset_matches_the_training_corpus_preparation():
         "the rock'n'roll (so-called) era; 'quoted' words!",
     ]
     for s in sentences:
-        assert GUTENBERG.normalize(s) == normalise_librispeech(s).split(), s
+        assert GUTENBERG.normalize(s) == normalize_librispeech(s).split(), s
     assert PRESETS["librispeech"] == GUTENBERG
 
 

@@ -3,7 +3,7 @@
 The general English LM rescores ASR lists (HyPoradise: lower case, no punctuation) and MT k-best lists
 (cased, punctuated): every scorer normalises its input to LibriSpeech form (upper-case A-Z words, in-word apostrophes,
 ``core.textnorm`` preset ``librispeech``), so this text is written in that form too, by the same function as the
-Gutenberg books (``training.gutenberg.normalise_librispeech``; sentences with digits are dropped, as there).
+Gutenberg books (``training.gutenberg.normalize_librispeech``; sentences with digits are dropped, as there).
 
 The four files differ in how they hold text (data README, section 10), so each has its own splitter:
 
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from lmserve.core.atomic import atomic_write_bytes
-from lmserve.training.gutenberg import SPLITS, normalise_librispeech, paragraphs, split_sentences
+from lmserve.training.gutenberg import SPLITS, normalize_librispeech, paragraphs, split_sentences
 
 SOURCES = ("ted", "sgd", "cabnc", "reuters")
 MAX_WORDS = 50  # longer unpunctuated runs are cut into pieces of at most this many words
@@ -97,7 +97,7 @@ def prepare_english_text(data_dir: Path, out_dir: Path, sources: tuple[str, ...]
             split = split_of(document)
             stats[split]["documents"] += 1
             for raw in (piece for sentence in raw_sentences(source, document) for piece in pieces(sentence)):
-                normalised = normalise_librispeech(raw)
+                normalised = normalize_librispeech(raw)
                 if normalised is None:
                     digits += 1
                 elif normalised:

@@ -126,7 +126,7 @@ def split_sentences(paragraph: str) -> list[str]:
     return sentences
 
 
-def normalise_librispeech(sentence: str) -> str | None:
+def normalize_librispeech(sentence: str) -> str | None:
     """Map a sentence to LibriSpeech transcript form (A-Z, in-word apostrophes, single spaces).
 
     Returns None when the sentence contains a digit: LibriSpeech spells
@@ -150,7 +150,7 @@ def book_sentences(text: str) -> tuple[list[str], int]:
     kept, digit_sentences = [], 0
     for paragraph in paragraphs(text):
         for sentence in split_sentences(paragraph):
-            normalised = normalise_librispeech(sentence)
+            normalised = normalize_librispeech(sentence)
             if normalised is None:
                 digit_sentences += 1
             elif normalised:

@@ -59,7 +59,7 @@ vocab               {"file", "size", "unk", "bos", "eos"}; version 3 adds "type"
                     character; ``rescoring.subword``)
 text                how the training text became tokens: {"tokenizer": "whitespace", "lowercase": bool}, or a
                     ``core.textnorm.TextNormalizer`` (``{"tokenizer": "textnorm", ...}``); the scorer
-                    applies it to the text it is given unless the caller passes another normaliser
+                    applies it to the text it is given unless the caller passes another text normaliser
 model               {"layers", "hidden_size", "embedding_size", "projection_size"}
 graphs              {"sentences", "step", "step_full"}: file names; "sentences_open" too with ``spelling``
 spelling            optional, for heads whose output vectors come from characters (charcnn, cnnsoftmax):

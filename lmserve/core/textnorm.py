@@ -6,7 +6,7 @@ upper-case words with in-word apostrophes. ``TextNormalizer`` bridges that gap, 
 ``PRESETS`` names the settings our models need. It only shapes the LM's input: WER and BLEU are computed on the lists'
 own words, untouched.
 
-Steps, in order (each off by default, so the default normaliser only splits text into words: ``core.words``,
+Steps, in order (each off by default, so the default text normaliser only splits text into words: ``core.words``,
 any Unicode whitespace, as WER and BLEU split it):
 
 1. ``case``: "keep", "lower" or "upper". Markup ("<unk>") and, with ``numbers="ptb"``, ``N`` keep their case.
@@ -107,7 +107,7 @@ class TextNormalizer:
         """``memo``: a dict that the caller keeps across the texts of one job, where steps 1 and 3 of each word are
         remembered: the hypotheses of a list repeat most of their words (dev_other 30-best lists, a memo per 13 lists:
         0.35 ms a list without, 6% of the CPU that scoring it costs, 0.20 ms with; ad hoc). A memo per job, not
-        per normaliser: a server's normaliser would otherwise keep every word it has ever seen."""
+        per text normaliser: a server's would otherwise keep every word it has ever seen."""
         if self.punctuation == "strip" or self.split_clitics:
             text = text.translate(_APOSTROPHES)
         if self.hyphens == "split":
@@ -135,7 +135,7 @@ class TextNormalizer:
 
     def cased(self, word: str) -> str:
         """``word`` in this form's case and nothing else changed. A decoder's word is in the model's spelling when
-        its tokens, joined by spaces, are this (``rescoring.decoders``): otherwise normalisation dropped or changed
+        its tokens, joined by spaces, are this (``rescoring.decoders``): otherwise text normalisation dropped or changed
         characters that the written word keeps."""
         return self._case(word)
 

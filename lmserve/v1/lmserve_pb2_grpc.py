@@ -135,7 +135,7 @@ class LMServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetModelInfo(self, request, context):
-        """One model: its bundle manifest, n-gram, normalisation and weights profiles.
+        """One model: its bundle manifest, n-gram, score and text normalisation and weights profiles.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

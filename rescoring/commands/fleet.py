@@ -37,7 +37,7 @@ import grpc
 import numpy as np
 from tqdm import tqdm
 
-from lmserve.rescoring.client import channel_credentials, channel_options, normalisation_name
+from lmserve.rescoring.client import channel_credentials, channel_options, normalisation_name, text_settings_json
 from lmserve.rescoring.features import NEEDS_LM
 from lmserve.rescoring.lmscores import LMSums
 from lmserve.rescoring.nbest import NBestList
@@ -47,7 +47,8 @@ from lmserve.v1.lmserve_pb2_grpc import LMServiceStub
 
 BACKOFF = (0.1, 5.0)  # seconds a target is put aside after UNAVAILABLE: the first time, at most (doubling)
 PROBE_SECONDS = 10.0  # GetModelInfo's own deadline
-_SAME_MODEL = ("name", "fingerprint", "ngram", "normalisation_settings_json")  # what every target must agree on
+# what every target must agree on: ModelInfo's fields (normalisation_settings_json: the text normalisation settings)
+_SAME_MODEL = ("name", "fingerprint", "ngram", "normalisation_settings_json")
 
 
 class FleetError(OSError):
@@ -300,7 +301,7 @@ class FleetLanguageModels:
             "server_model": info.name,
             "neural": info.fingerprint,
             "ngram": info.ngram or None,
-            "normalizer": info.normalisation_settings_json,
+            "normalizer": text_settings_json(info),
         }
 
     def scores(self, nbest: NBestList, cache=None, progress: bool = False) -> list[LMSums] | None:

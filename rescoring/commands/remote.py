@@ -2,7 +2,7 @@
 
 The job asks its language models for one thing, per-token neural and n-gram scores of every hypothesis
 (``rescoring.lmscores``), and ScoreSentences with ``per_token`` answers exactly that, through the served model's own
-normalisation and vocabulary. Features, tuning, reranking and reports then run here unchanged, and a weights file
+text normalisation and vocabulary. Features, tuning, reranking and reports then run here unchanged, and a weights file
 tuned this way names the server and model it used.
 """
 
@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 from tqdm import tqdm
 
-from lmserve.rescoring.client import LMServeClient, normalisation_name
+from lmserve.rescoring.client import LMServeClient, normalisation_name, text_settings_json
 from lmserve.rescoring.lmscores import HypothesisScores, load_or_compute, texts_fingerprint
 from lmserve.rescoring.nbest import NBestList
 
@@ -59,7 +59,7 @@ class RemoteLanguageModels:
             "server_model": self.model,
             "neural": self.info.fingerprint,  # the bundle's files, as the server loaded them
             "ngram": self.info.ngram or None,
-            "normalizer": self.info.normalisation_settings_json,
+            "normalizer": text_settings_json(self.info),
         }
 
     def _compute(self, nbest: NBestList, progress: bool) -> list[list[HypothesisScores]]:

@@ -5,10 +5,10 @@
     lm-rescore nbest TEST_LIST --weights dev.weights.json --out test.rescored.jsonl --report test.report.json
 
 ``tune`` reads only the dev list, or several tuned on as one (and the models); ``nbest`` applies the weights file,
-which names the models, normalisation, definitions and λ it was tuned with, to any other list. ``tune`` says what the
-LMs added (the recipe without them, tuned alike: ``rescoring.evaluation.lms_added``) and records what its lists looked
-like (``rescoring.liststats``), so that ``nbest`` warns of a list unlike them; ``nbest`` reports what the LM terms
-changed on its list. ``lm-rescore evaluate`` (``evaluate_cli``) is the whole protocol, with baselines.
+which names the models, text normalisation, definitions and λ it was tuned with, to any other list. ``tune`` says
+what the LMs added (the recipe without them, tuned alike: ``rescoring.evaluation.lms_added``) and records what its
+lists looked like (``rescoring.liststats``), so that ``nbest`` warns of a list unlike them; ``nbest`` reports what the
+LM terms changed on its list. ``lm-rescore evaluate`` (``evaluate_cli``) is the whole protocol, with baselines.
 
 Both write an HTML error analysis with ``--html`` (``rescoring.report_html``), and both check the list's references
 against the training text the neural LM's manifest names (``rescoring.overlap``; ``lm-rescore overlap`` runs that
@@ -730,7 +730,7 @@ def _references(nbest: NBestList) -> tuple[list[str], list[str]]:
 
 def _overlap_check(args, models, nbest: NBestList) -> dict | None:
     """The leakage guard, run automatically when the neural LM's manifest names training files that are on this
-    machine: the list's references (through the LMs' normaliser) against them; a warning above ``WARN_SHARE``."""
+    machine: the list's references (through the LMs' text normaliser) against them; a warning above ``WARN_SHARE``."""
     scorer = getattr(models, "scorer", None)
     if args.no_overlap_check or scorer is None:
         return None

@@ -14,7 +14,7 @@ only once the decoder says it is complete: pyctcdecode at the next word separato
 starting with "▁") and at the end of the utterance; flashlight's lexicon decoder when its lexicon trie reaches a
 word's end. The word is then normalised as the model's text is (the bundle's settings: case, punctuation) and its
 tokens are read one after the other (a word that normalises to several tokens gets their summed score, one to none
-scores 0). A word the model does not spell as written (normalisation changed more than its case: "'be" read as
+scores 0). A word the model does not spell as written (text normalisation changed more than its case: "'be" read as
 "be", "well-known" as two words, "!!" as nothing) keeps that LM score but counts as out of the vocabulary, since the
 transcript keeps what the LM never saw (pyctcdecode: ``unk_score_offset``). Until then a partial word costs nothing
 while it is, as written, the prefix of some vocabulary word and ``unk_score_offset`` once it is not (pyctcdecode's

@@ -202,7 +202,7 @@ class DecoderLM:
         for good). ``fallback_ngram``, ``retry_server``: see the module docstring (None: never ask again);
         ``normalize``: the ``textnorm`` preset of the model's words while the server has not said (a fallback from
         construction on; else words are read as written): the server's own settings win once it answers."""
-        from lmserve.rescoring.client import LMServeClient
+        from lmserve.rescoring.client import LMServeClient, text_settings_json
 
         def connect() -> tuple[RemoteBackend, TextNormalizer]:
             client = LMServeClient(target, timeout=timeout, tls=tls, ca=ca, cert=cert, key=key)
@@ -211,7 +211,7 @@ class DecoderLM:
             except grpc.RpcError as error:
                 client.close()
                 raise server_error(target, error) from None
-            normalizer = TextNormalizer.from_dict(json.loads(info.normalisation_settings_json))
+            normalizer = TextNormalizer.from_dict(json.loads(text_settings_json(info)))
             return RemoteBackend(client, info, stream, cache_states, step_timeout=timeout), normalizer
 
         try:
@@ -247,9 +247,9 @@ class DecoderLM:
 
     def as_written(self, word: str) -> bool:
         """Whether the model spells ``word`` as the decoder wrote it, case aside: its tokens joined by spaces are the
-        word in the model's case. A stray apostrophe, a hyphen or punctuation that normalisation drops would stay in
-        the transcript though the LM never saw it: such a word is out of the vocabulary (``LMState.word_oov``), as a
-        word outside a KenLM decoder's unigrams is, while its LM score stays that of its tokens."""
+        word in the model's case. A stray apostrophe, a hyphen or punctuation that text normalisation drops would stay
+        in the transcript though the LM never saw it: such a word is out of the vocabulary (``LMState.word_oov``), as
+        a word outside a KenLM decoder's unigrams is, while its LM score stays that of its tokens."""
         return " ".join(self.tokens_of(word)) == self.normalizer.cased(word)
 
     def is_prefix(self, partial: str) -> bool:
