@@ -1,32 +1,15 @@
-"""The LibriSpeech rescoring protocol: tune on one list, report on any number of others, one result file per list.
+"""The LibriSpeech rescoring protocol: tune on one list, report on others -> NAME_LIST.json per list, NAME_cv.json
 
     python -m benchmarks.rescore_protocol --tune DATA/dev_clean.tar.gz --report DATA/dev_other.tar.gz [more lists] \\
         --lm var/bundles/demo --ngram var/ngrams/demo_3gram.bin --normalize ptb --name rescore_protocol_demo \\
         [--cv 5 --cv-with DATA/dev_other.tar.gz]
 
-Each system is a first-pass score (weight fixed at 1) plus the recipe's features of our LMs (by default ``interp`` at
-the λ of ``--lambdas`` that tunes best, ``length`` and ``oov``, the count of words outside the LM's vocabulary, with
-``--bounds interp=0:,oov=:0``: the recipe that 5-fold cross-validation over LibriSpeech dev_clean ∪ dev_other chose,
-``benchmarks.rescore_recipes``), tuned on ``--tune`` alone, optionally (``--folds K``) with the guard of
-``rescoring.tune.tune_guarded`` (K-fold cross-validation of the tune list; the tuned weights are kept only when
-``--require-folds`` of its held-out folds gain), and applied unchanged to every ``--report`` list:
-``NAME_LIST.json`` per list (``LIST``: the file name up to its first dot), with the weights files beside them. A
-further held-out list needs no code: add it to ``--report``.
-
-Per report list: the first pass alone (the 1-best), each system's base alone (e.g. AM only), each system, the base
-with the list's own LM weight re-tuned (``--retune``, e.g. ESPnet's ``lm``: what our LM must beat to earn its place),
-the oracle, and a paired bootstrap of each system against the 1-best.
-
-``--cv K --cv-with LIST...`` adds ``NAME_cv.json``: K-fold cross-validation over the union of the tune list and those
-lists (never a test list) of the whole recipe, guard included if any (nested: each fold's guard cross-validates
-within its training part), λ fixed at the one chosen on the tune list; per fold the held-out gain over the 1-best, and
-``folds_improved``. That is how a recipe is chosen; the weights that ``--report`` lists get are tuned on ``--tune`` only.
-
-LM scores are computed once per list and models and cached in ``--cache-dir`` (``rescoring.lmscores``): a re-run,
-or one with another recipe, only tunes.
-
-``lm-rescore evaluate`` (``lmserve.rescoring.evaluation``) is this protocol as a product command, for any lists, with
-its baselines (no LM, n-gram only, first pass) and ablations; this script keeps its result files' layout.
+Each system (``--system NAME=BASE``) is its base score fixed at 1 plus the recipe (``--features``, λ from
+``--lambdas``), tuned on ``--tune`` alone (``--folds K``: with ``rescoring.tune``'s guard) and applied unchanged to
+every ``--report`` list, beside the 1-best, each base alone, the base with the list's own LM re-weighted
+(``--retune``), the oracle and paired bootstraps; ``--cv K`` cross-validates the recipe over ``--tune`` and
+``--cv-with`` (guard nested, λ fixed at the tune list's). LM scores are cached in ``--cache-dir``. The protocol for
+any lists is ``lm-rescore evaluate`` (``rescoring.evaluation``); this script keeps these result files' layout.
 """
 
 from __future__ import annotations

@@ -4,12 +4,10 @@
     python -m benchmarks.rescore_recipes --tune DATA/dev_clean.tar.gz --report DATA/dev_other.tar.gz \\
         --lm var/bundles/demo --ngram var/ngrams/demo_3gram.bin --normalize ptb --cache-dir var/rescore
 
-One change at a time, from the recipe ``make demo`` used before issue 19 (six features) to the one it uses now
-(``score,interp,length``, interp ≥ 0, 10 restarts, the cross-validation guard). Per recipe: the tune list's WER
-before and after tuning, the report list's WER with those weights (never tuned on it), and 5-fold cross-validation
-over the union of both lists (guarded recipes nested: the guard runs inside each training part) with per-fold gains
-and the weights' spread over folds and over restarts. The recipe is chosen by the cross-validation, not by the report
-list. Base: the first pass ``score`` (weight fixed at 1).
+Per recipe (``RECIPES``; base: the first pass ``score`` fixed at 1): the tune list's WER before and after tuning,
+the report list's with those weights, and 5-fold CV over both lists (guards nested, λ fixed at the tune list's
+choice). The recipe is chosen by the CV, not by the report list; ``lm-rescore evaluate`` judges one recipe the same
+way on any lists.
 """
 
 from __future__ import annotations

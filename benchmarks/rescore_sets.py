@@ -1,75 +1,14 @@
-"""Rescoring where users need it: WMT22 k-best lists and ASR lists whose first pass had no LM, every figure held out.
+"""Rescoring where the first pass had no LM, every figure held out -> rescore_hyporadise_{cv,transfer}.json and
+rescore_atis.json
 
-    python -m benchmarks.rescore_sets wmt22 --lm var/bundles/english_lm --ngram var/ngrams/english_4gram.bin
-    python -m benchmarks.rescore_sets hyporadise --lm ... --ngram ... --lm-text ... \\
-        --domain td3=var/ngrams/ted_mix.json:var/english-text-ted/train.txt.gz ...   # in-domain n-grams (below)
-    python -m benchmarks.rescore_sets atis --lm ... --ngram ... --test-lm ... --test-ngram ... \\
-        --general-lm ... --general-ngram ... --lm-text ...     # or --jackknife-* instead of --lm/--ngram (below)
+    python -m benchmarks.rescore_sets hyporadise --lm BUNDLE --ngram NGRAM --lm-text TEXT [--domain SET=NGRAM:TEXT ...]
+    python -m benchmarks.rescore_sets atis --jackknife-lm PATTERN --jackknife-ngram PATTERN --jackknife-text PATTERN \\
+        --test-lm BUNDLE --test-ngram NGRAM --general-lm BUNDLE --general-ngram NGRAM --lm-text TEXT...
 
-The protocol (``lmserve.rescoring.evaluation``'s, which ``lm-rescore evaluate`` runs on any lists; this script keeps
-the result files' layout and the sets' own choices: data paths, in-domain n-grams, ATIS's jackknife):
-
-- **K-fold cross-validation inside a set** (``wmt22``, ``hyporadise``): folds of contiguous entries (MT: a document's
-  segments stay together), the weights of fold j tuned on the other folds only; the pooled held-out choices give
-  the set's figure, and every fold's gain is reported.
-- **Transfer**: weights tuned on one set (or the union of several) applied unchanged to another (``wmt22``: zh-en
-  to de-en without the system indicators, whose systems differ; ``hyporadise``: each set with the weights of the
-  other three).
-- **Dev/test** (``atis``): tuned on held-out lists of ``train_atis`` (``run_atis``), reported on ``test_atis``.
-
-Every result also records ``in_sample_ceiling``: the set's figure with the recipe's weights tuned on the reported
-set itself (on test_atis for ATIS). It has seen the references, so it is never a result; it is the most a linear
-reranker of these features could do, and where it misses a target the features are what fall short.
-
-MT figures are BLEU (the tuned metric) and chrF with sacrebleu's signatures, against the first pass (the first
-system in name order: the lists have no decoder order) and against the best single system (the highest corpus BLEU
-on the whole set, as if chosen with the references; per fold that system's BLEU on the fold), each with a paired
-bootstrap. One recipe per task, the same for every set of it, so that it can be judged on sets it was not made on.
-
-HyPoradise with in-domain n-grams: english-text's sources by domain (TED talks for TED-LIUM 3, Reuters news for
-CHiME-4 and WSJ, whose prompts are WSJ news, British conversation and task dialogues for Switchboard), each a pruned
-4-gram mixed with the general 4-gram by EM on the source's own held-out documents, never on a list's references:
-
-    lm-train prepare-english --sources ted --out var/english-text-ted      # reuters -> news, cabnc,sgd -> conv
-    lm-rescore ngram build --order 4 --text var/english-text-ted/train.txt.gz --prune 0 0 1 1 \\
-        --like var/bundles/english_lm --memory 4G --out var/ngrams/ted_4gram
-    lm-rescore ngram mix --ngram var/ngrams/english_4gram.bin,var/ngrams/ted_4gram.bin \\
-        --heldout var/english-text-ted/valid.txt.gz --like var/bundles/english_lm --out var/ngrams/ted_mix.json
-    python -m benchmarks.rescore_sets hyporadise --lm var/bundles/english_lm --ngram var/ngrams/english_4gram.bin \\
-        --lm-text var/elm_text/train.txt --domain td3=var/ngrams/ted_mix.json:var/english-text-ted/train.txt.gz \\
-        chime4=var/ngrams/news_mix.json:var/english-text-news/train.txt.gz \\
-        wsj=var/ngrams/news_mix.json:var/english-text-news/train.txt.gz \\
-        swbd=var/ngrams/conv_mix.json:var/english-text-conv/train.txt.gz
-
-ATIS with jackknifed LMs, so that the weights tune on all 3,964 lists of train_atis, each scored by LMs that never
-saw its reference: train_atis's references (``var/atis/train_all.txt``, ``lm-rescore references ... --normalize
-librispeech``) in the benchmark's own 5 contiguous folds, then per fold k the general LMs adapted on the other four
-as the LMs that score test_atis are adapted on all five (docs/rescoring-asr.md), and the benchmark. On a CPU the
-adaptation stops after one epoch without a better validation perplexity, at most 6 (``configs/adapt_atis.toml``
-waits 3 of 20; its two GPU runs had their best epochs at 3 and 4 and only worse ones after them, so waiting 1 keeps
-their checkpoints at less cost), on one thread (on 2 cores busy with other work, 2 threads took 11 min for an epoch,
-1 thread 80 s)::
-
-    python -c 'from benchmarks.rescore_sets import write_folds; write_folds("var/atis/train_all.txt", 5, "var/atis/jk")'
-    for k in 0 1 2 3 4; do
-      lm-train fit configs/adapt_atis.toml --init-from var/runs/english_lm_gpu --out var/runs/atis_jk/k$k \\
-        --set "data.train=\\"var/atis/jk/k${k}_train.txt\\"" --set "data.test=\\"var/atis/jk/k${k}_heldout.txt\\"" \\
-        --set train.epochs=6 --set train.early_stop_patience=1 --set train.threads=1
-      lm-train export --checkpoint var/runs/atis_jk/k$k --out var/bundles/english_lm_atis_jk$k \\
-        --heldout var/atis/jk/k${k}_heldout.txt
-      lm-rescore ngram build --order 4 --text var/runs/atis_jk/k$k/carved/train.txt --like var/bundles/english_lm \\
-        --discount-fallback --out var/ngrams/atis_jk${k}_4gram
-      lm-rescore ngram mix --ngram var/ngrams/english_4gram.bin,var/ngrams/atis_jk${k}_4gram.bin \\
-        --heldout var/runs/atis_jk/k$k/carved/valid.txt --like var/bundles/english_lm --out var/ngrams/atis_jk${k}_mix.json
-    done
-    # the LMs that score test_atis: the same recipe on all five folds' references (k = all, data.train =
-    # var/atis/train_all.txt), so that the features of the tuning lists and of the test lists come from LMs adapted
-    # alike (the GPU-adapted english_lm_atis_all kept its epoch 4 under patience 3: test_atis 6.25 with it)
-    python -m benchmarks.rescore_sets atis --jackknife-lm 'var/bundles/english_lm_atis_jk{k}' \\
-        --jackknife-ngram 'var/ngrams/atis_jk{k}_mix.json' --jackknife-text 'var/atis/jk/k{k}_train.txt' \\
-        --test-lm var/bundles/english_lm_atis_jkall --test-ngram var/ngrams/atis_jkall_mix.json \\
-        --general-lm var/bundles/english_lm --general-ngram var/ngrams/english_4gram.bin \\
-        --general-text var/elm_text/train.txt --lm-text var/elm_text/train.txt var/atis/train_all.txt
+The protocol is ``lmserve.rescoring.evaluation``'s (``lm-rescore evaluate``); this script keeps the result files'
+layout and the sets' own choices: data paths, in-domain n-grams per set, ATIS's jackknifed LMs. The full commands,
+the LMs they need and the figures: docs/benchmarks/rescoring.md ("Rescoring where the first pass had no LM").
+WMT22's figures (``rescore_wmt22_*.json``) are ``lm-rescore evaluate``'s, command in that page.
 """
 
 from __future__ import annotations
@@ -84,24 +23,17 @@ from benchmarks import common
 from benchmarks.common import DATA_DIR as DATA
 from benchmarks.common import ROOT, write_result
 from lmserve.core.textnorm import PRESETS
-from lmserve.rescoring.evaluation import in_sample_ceiling, kfold, leakage, system_names, transfer, tuned_on
+from lmserve.rescoring.evaluation import in_sample_ceiling, kfold, leakage, transfer, tuned_on
 from lmserve.rescoring.nbest import NBestList, read_nbest
 from lmserve.rescoring.rescore import LanguageModels, Setup
 from lmserve.rescoring.tune import fold_indices, parse_bounds
 
-MAX_WORDS = 1000  # zh-en segment 926 holds 248-word translations
+MAX_WORDS = 1000  # the longest hypothesis read (lm-rescore evaluate --max-words)
 NORMALIZE = "librispeech"  # the hypotheses in the LMs' text form (core.textnorm)
-# Each task's recipe and its ablations (LM alone, consensus alone, both): features and the one fixed at weight 1
-# (the scale), the same recipe for every set of a task, so that it can be judged on sets it was not made on. MT: the
-# system indicators are added inside a pair (their systems differ between pairs); consensus_chrf is the base where it
-# is used (chrF-MBR over the systems), else votes, how many systems gave the candidate. ASR lists without scores:
-# the first pass's order (prior = -rank). ATIS: its first-pass score, am_score, in prior's place. ``nonword``: ASR
+# The recipe and its ablations (LM alone, consensus alone, both): features and the one fixed at weight 1 (the
+# scale), the same for every set, so that it can be judged on sets it was not made on. Lists without scores: the
+# first pass's order (prior = -rank). ATIS: its first-pass score, am_score, in prior's place. ``nonword``: ASR
 # references are spoken words, so a hypothesis' stray "." is an error the LMs cannot see (they score normalised text).
-MT_RECIPES = {
-    "lm": ("votes,neural,ngram,oov,length,chars,src_ratio", "votes"),
-    "consensus": ("consensus_chrf,consensus_bleu,votes,length,chars,src_ratio", "consensus_chrf"),
-    "both": ("consensus_chrf,consensus_bleu,votes,neural,ngram,oov,length,chars,src_ratio", "consensus_chrf"),
-}
 ASR_RECIPES = {
     "lm": ("prior,neural,ngram,oov,length,nonword", "prior"),
     "consensus": ("prior,consensus_wer,length,nonword", "prior"),
@@ -133,10 +65,6 @@ def load_models(args, lm: Path, ngram: Path) -> tuple[LanguageModels, Path]:
     return models, (args.cache_dir or ROOT / "var" / "cache") / f"{Path(lm).name}__{Path(ngram).stem}"
 
 
-def models_and_cache(args) -> tuple[LanguageModels, Path]:
-    return load_models(args, args.lm, args.ngram)
-
-
 def ablated(run, recipes: dict[str, tuple[str, str]]) -> tuple[dict, dict]:
     """``run(features, fixed)`` for every recipe: the figures and details of "both", with every recipe's figures
     under ``details["ablation"]``."""
@@ -146,78 +74,15 @@ def ablated(run, recipes: dict[str, tuple[str, str]]) -> tuple[dict, dict]:
     return figures, details
 
 
-def ceiling(nbest, scores, recipes: dict[str, tuple[str, str]], metric: str, extra: str = "", definitions=()) -> float:
-    """The reported recipe's (``both``'s, with ``extra`` features) ``in_sample_ceiling`` on one set."""
+def ceiling(nbest, scores, recipes: dict[str, tuple[str, str]], metric: str, definitions=()) -> float:
+    """The reported recipe's (``both``'s) ``in_sample_ceiling`` on one set."""
     features, fixed = recipes["both"]
-    return in_sample_ceiling(nbest, scores, Setup.parse(features + extra, definitions), metric, fixed, SEARCH)
+    return in_sample_ceiling(nbest, scores, Setup.parse(features, definitions), metric, fixed, SEARCH)
 
 
 def recipe_text(recipes: dict[str, tuple[str, str]]) -> str:
     features, fixed = recipes["both"]
     return f"features {features} ({fixed} fixed at 1; bounds {BOUNDS}, penalty {SEARCH['penalty']})"
-
-
-def wmt22_pairs() -> list[str]:
-    """Every language pair of the WMT22 folder (``xx-en``, with system outputs), in name order."""
-    root = DATA / "wmt22-en"
-    return sorted(d.name for d in root.iterdir() if d.is_dir() and any(d.glob("*.hyp.*"))) if root.is_dir() else []
-
-
-def run_wmt22(args) -> None:
-    """K-fold CV inside every pair (``--pairs``, default: every pair of the folder, so that a further pair dropped
-    there is reported too), and ``--transfer-from``'s weights (without system indicators) applied to every other."""
-    pairs = args.pairs or wmt22_pairs()
-    if args.transfer_from not in pairs:
-        raise SystemExit(f"--transfer-from {args.transfer_from}: not among the pairs ({', '.join(pairs) or 'none'})")
-    models, cache = models_and_cache(args)
-    lists = {pair: load(DATA / "wmt22-en" / pair, models, cache) for pair in pairs}
-    leaks = leakage({pair: nbest for pair, (nbest, _) in lists.items()}, args.lm_text, models.normalizer)
-    for pair, (nbest, scores) in lists.items():
-        indicators = "," + ",".join(f"sys_{s}" for s in system_names(nbest))
-        figures, details = ablated(
-            lambda f, fixed, nbest=nbest, scores=scores, ind=indicators: kfold(
-                nbest, scores, Setup.parse(f + ind), "bleu", args.folds, fixed, SEARCH
-            ),
-            MT_RECIPES,
-        )
-        details["in_sample_ceiling"] = ceiling(nbest, scores, MT_RECIPES, "bleu", indicators)
-        write_result(
-            f"rescore_wmt22_{pair.replace('-', '_')}",
-            figures,
-            protocol=f"{args.folds}-fold cross-validation over contiguous segments of WMT22 {pair}; "
-            f"{recipe_text(MT_RECIPES)} and the system indicators, BLEU tuned; each k-best list is the distinct "
-            "outputs of the primary systems for the segment",
-            details=details,
-            leakage=leaks[pair],
-        )
-    source, source_scores = lists[args.transfer_from]
-
-    @functools.cache
-    def from_source(features: str, fixed: str):  # tuned once, applied to every other pair
-        return tuned_on(source, source_scores, Setup.parse(features), "bleu", fixed, SEARCH)
-
-    moved, details = {}, {}
-    for pair, (nbest, scores) in lists.items():
-        if pair == args.transfer_from:
-            continue
-        figures, details[pair] = ablated(
-            lambda f, fixed, nbest=nbest, scores=scores: transfer(
-                from_source(f, fixed), nbest, scores, Setup.parse(f), "bleu"
-            ),
-            MT_RECIPES,
-        )
-        if pair == "de-en":  # the issue's keys, unprefixed
-            moved |= figures
-        prefix = pair.replace("-", "_")
-        moved |= {f"{prefix}_{k}": figures[k] for k in ("best_system_bleu", "reranked_bleu", "reranked_chrf")}
-    write_result(
-        "rescore_wmt22_transfer",
-        moved,
-        protocol=f"weights tuned on all of WMT22 {args.transfer_from} ({recipe_text(MT_RECIPES)}, no system "
-        "indicators) applied unchanged to every other pair (the unprefixed figures: de-en's)",
-        details=details,
-        leakage={pair: leaks[pair] for pair in details},
-    )
 
 
 HYPORADISE = {
@@ -509,7 +374,7 @@ def run_atis(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("task", choices=("wmt22", "hyporadise", "atis"))
+    parser.add_argument("task", choices=("hyporadise", "atis"))
     parser.add_argument("--lm", type=Path, help="the LM bundle (atis: scoring the tuning lists, without --jackknife-*)")
     parser.add_argument("--ngram", type=Path, help="the n-gram (atis: likewise)")
     parser.add_argument("--general-lm", type=Path, help="atis: the general LM bundle, for the ablation")
@@ -542,10 +407,6 @@ def main() -> None:
         help="hyporadise: a set's in-domain n-gram (or mixture) and the text behind it, e.g. td3=var/ngrams/ted_mix.json:"
         "var/english-text-ted/train.txt.gz; the sets given are also scored with it (the headline figures)",
     )
-    parser.add_argument("--pairs", nargs="+", help="wmt22: the pairs (folders of wmt22-en/; default: every one there)")
-    parser.add_argument(
-        "--transfer-from", default="zh-en", help="wmt22: the pair whose weights are applied to the others"
-    )
     parser.add_argument(
         "--extra",
         nargs="+",
@@ -571,7 +432,7 @@ def main() -> None:
     if args.task == "atis" and not (args.general_lm and args.general_ngram):
         parser.error("atis needs --general-lm and --general-ngram, the ablation without adaptation")
     common.use_results(args.results)
-    {"wmt22": run_wmt22, "hyporadise": run_hyporadise, "atis": run_atis}[args.task](args)
+    {"hyporadise": run_hyporadise, "atis": run_atis}[args.task](args)
 
 
 if __name__ == "__main__":

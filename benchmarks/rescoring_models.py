@@ -1,15 +1,7 @@
-"""The language models the rescoring benchmarks use, built on first use and re-used after.
-
-- PTB (for WSJ and Joshua): the Zaremba-small sentence-mode model (``ptb_small`` benchmark) as a bundle, and a 4-gram
-  on PTB train built like that bundle (``lm-rescore ngram build --like``: its vocabulary, other words as ``<unk>``);
-  hypotheses go through the ``ptb`` preset.
-- Gutenberg (for LibriSpeech): the 2x256 adaptive-softmax model of ``configs/gutenberg_rescore.toml`` as a bundle, and
-  a 4-gram on the prepared Gutenberg training books built like it; hypotheses go through the ``librispeech`` preset.
-
-Held-out text of the LMs' own corpora (perplexities) is already in their form and is scored as it is.
-
-λ for the per-word interpolation is the one with the lowest validation perplexity (``best_lambda``), so the
-cross-validated sets (WSJ, Joshua) need no λ from their own hypotheses.
+"""Shared by the benchmarks (not one itself): the LibriSpeech rescoring pair the serving benchmarks load, the 2x256
+adaptive-softmax model of ``configs/gutenberg_rescore.toml`` as a bundle and a 4-gram on the prepared Gutenberg
+training books built like it (``lm-rescore ngram build --like``), both built on first use; and per-word
+interpolation perplexities (λ: the one with the lowest perplexity on a tuning text, ``best_lambda``).
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import DATA_DIR, ROOT, ensure_bundle
+from benchmarks.common import ROOT, ensure_bundle
 from lmserve.core.bundle import Bundle
 from lmserve.core.textnorm import TextNormalizer
 from lmserve.rescoring.lmscores import ngram_view
@@ -39,8 +31,6 @@ class Pair:
     bundle: Path
     ngram_text: Path
     valid: Path
-    test: Path
-    normalize: str
     order: int = 4
 
     @property
@@ -55,35 +45,14 @@ class Pair:
             sentences = (view(" ".join(words)) for words in read_sentences(self.ngram_text))
             build_ngram(sentences, self.order, self.ngram.with_suffix(""))
 
-    def models(self, threads: int = 1, hypotheses: bool = True) -> LanguageModels:
-        """With ``hypotheses``, text goes through the pair's preset (ASR/MT output); else as the corpus has it."""
-        self.ensure()
-        return LanguageModels.load(self.bundle, self.ngram, self.normalize if hypotheses else None, threads)
 
-
-PTB = Pair(
-    "ptb",
-    ROOT / "var" / "runs" / "ptb_small_sentence",
-    ROOT / "var" / "bundles" / "ptb_small_sentence",
-    DATA_DIR / "ptb" / "ptb.train.txt.gz",
-    DATA_DIR / "ptb" / "ptb.valid.txt.gz",
-    DATA_DIR / "ptb" / "ptb.test.txt.gz",
-    "ptb",
-)
 GUTENBERG = Pair(
     "gutenberg",
     ROOT / "var" / "runs" / "gutenberg_rescore",
     ROOT / "var" / "bundles" / "gutenberg_rescore",
     ROOT / "var" / "gutenberg" / "train.txt.gz",
     ROOT / "var" / "gutenberg" / "valid.txt.gz",
-    ROOT / "var" / "gutenberg" / "test.txt.gz",
-    "librispeech",
 )
-
-
-def token_scores(path: Path, models: LanguageModels) -> tuple[np.ndarray, np.ndarray, int]:
-    """``sentence_token_scores`` of a held-out text file, in its own form (no normalisation unless ``models`` has)."""
-    return sentence_token_scores([" ".join(words) for words in read_sentences(path)], models)
 
 
 def sentence_token_scores(sentences: list[str], models: LanguageModels) -> tuple[np.ndarray, np.ndarray, int]:

@@ -31,7 +31,7 @@ BUNDLE = GUTENBERG.bundle
 # the same model exported with --quantize int8: LibriSpeech dev_other WER unchanged (3.53% with the tuned weights,
 # every error count the same), the LM work of a call 1.7x faster
 BUNDLE_INT8 = ROOT / "var" / "bundles" / "gutenberg_rescore_int8"
-NGRAM = ROOT / "var" / "ngrams" / "gutenberg_4gram.bin"
+NGRAM = GUTENBERG.ngram
 WEIGHTS = RESULTS / "rescore_librispeech_first_pass_plus_ours.weights.json"
 PROFILE = "dev_clean"  # the weights file was tuned on dev_clean; the load replays dev_other
 # used when the weights file is missing: the shape of the tuned ones (first-pass score, our LMs, length, OOVs)
@@ -78,9 +78,10 @@ def write_config(folder: Path, settings: ServerSettings, bundle: Path = BUNDLE) 
 
 
 def served_bundle(precision: str) -> Path:
-    """The rescoring model's bundle as ``fp32`` or ``int8`` (exported on first use)."""
+    """The rescoring model's bundle as ``fp32`` or ``int8`` (exported on first use, with its 4-gram)."""
+    GUTENBERG.ensure()
     if precision == "fp32":
-        return ensure_bundle(GUTENBERG.run, GUTENBERG.bundle)
+        return GUTENBERG.bundle
     return ensure_bundle(GUTENBERG.run, BUNDLE_INT8, quantize="int8", heldout=str(GUTENBERG.valid))
 
 
@@ -106,6 +107,20 @@ def dev_other_lists(seed: int = 0) -> list[NBestEntry]:
     nbest = read_nbest(DEV_OTHER)
     order = np.random.default_rng(seed).permutation(len(nbest))
     return [NBestEntry(nbest.entries[i].id, nbest.entries[i].hypotheses) for i in order]
+
+
+def decoder_walks(vocab: list[str], candidates: int = 8, seed: int = 0) -> list[list[list[str]]]:
+    """A decoder's steps over dev_other's reference transcripts (then ``</s>``): per transcript, per step, the
+    candidates, the true word first and ``candidates - 1`` other words of the vocabulary (drawn with ``seed``)."""
+    rng = np.random.default_rng(seed)
+    words = [w for w in vocab if w not in ("<s>", "</s>", "<unk>")]
+    return [
+        [
+            [word, *(words[i] for i in rng.choice(len(words), candidates - 1, replace=False))]
+            for word in [*entry.references[0].split(), "</s>"]
+        ]
+        for entry in read_nbest(DEV_OTHER)
+    ]
 
 
 def nbest_requests(lists: list[NBestEntry]) -> list[bytes]:

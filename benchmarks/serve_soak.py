@@ -39,13 +39,13 @@ from benchmarks.common import ptb_sentences, write_result
 from benchmarks.serve_harness import (
     BUNDLE,
     ServerSettings,
+    decoder_walks,
     dev_other_lists,
     nbest_requests,
     raw_method,
     rss_bytes,
     start_server,
 )
-from benchmarks.serve_next_words import sentences as decoder_walks
 from lmserve.core.bundle import Bundle
 from lmserve.server.process import ServerProcess
 from lmserve.v1 import lmserve_pb2 as pb

@@ -1,6 +1,5 @@
 """Output clashes for every command that writes (``core.outputs``): the inputs they read, written into a folder,
-and each pair of paths that may clash as a command line run there. Used by tests/test_outputs.py and
-benchmarks/rescore_robustness.py (the count of cases, and of those that lost or changed a file)."""
+and each pair of paths that may clash as a command line run there. Used by tests/test_outputs.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Every n-best reader and writer on lists drawn by hypothesis (tests/nbest_fuzz.py): the same drawn lists, as each
 format holds them, come back unchanged from a write and a read; and a malformed file is a clean error naming the file,
-or a list that round-trips, never a traceback or a partial output. A few cases per format here, to stay fast;
-benchmarks/rescore_robustness.py runs thousands of malformed files."""
+or a list that round-trips, never a traceback or a partial output. A few cases per format here, to stay fast (the
+retired benchmarks/rescore_robustness.py ran 1,000 per format: docs/benchmarks/robustness.md)."""
 
 import tempfile
 from pathlib import Path

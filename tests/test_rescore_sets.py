@@ -1,5 +1,5 @@
-"""benchmarks.rescore_sets finds the sets it is judged on beyond its own: every WMT22 pair of the data folder, every
-further HyPoradise test list, and ``--extra`` lists; ATIS keeps its own protocol, and a name is never taken twice."""
+"""benchmarks.rescore_sets finds the sets it is judged on beyond its own: every further HyPoradise test list, and
+``--extra`` lists; ATIS keeps its own protocol, and a name is never taken twice."""
 
 import pytest
 
@@ -9,18 +9,10 @@ from benchmarks import rescore_sets
 @pytest.fixture
 def data(tmp_path, monkeypatch):
     monkeypatch.setattr(rescore_sets, "DATA", tmp_path)
-    for pair in ("zh-en", "ja-en"):
-        (tmp_path / "wmt22-en" / pair).mkdir(parents=True)
-        (tmp_path / "wmt22-en" / pair / f"generaltest2022.{pair}.hyp.SYS.en").write_text("a\n")
-    (tmp_path / "wmt22-en" / "notes").mkdir()  # no system outputs: not a pair
     (tmp_path / "hyporadise").mkdir()
     for name in ("test_atis", "test_chime4", "test_lrs2", "train_atis"):
         (tmp_path / "hyporadise" / f"{name}.json.gz").write_bytes(b"")
     return tmp_path
-
-
-def test_every_pair_with_system_outputs(data):
-    assert rescore_sets.wmt22_pairs() == ["ja-en", "zh-en"]
 
 
 def test_further_hyporadise_lists_and_extras(data):
