@@ -224,8 +224,6 @@ def run_hyporadise(args) -> None:
     )
 
 
-# train_atis without --jackknife-*: the tuning LMs adapt on the entries before it (80%), the weights tune on the rest
-ATIS_TUNE_FROM = 3171
 ATIS_RECIPES = {name: (f.replace("prior", "am_score"), "am_score") for name, (f, _) in ASR_RECIPES.items()}
 
 
@@ -257,25 +255,20 @@ class Part:
 
 def atis_parts(args, train_path: Path, test_path: Path) -> dict[str, tuple[list[Part], Part]]:
     """Per kind of LMs (general, adapted): the parts of train_atis the weights tune on, each with its own LMs, and
-    test_atis with its LMs. Adapted, with ``--jackknife-lm/-ngram/-text`` (``{k}`` in each: the fold): every list of
-    train_atis, fold k of ``--folds`` contiguous folds scored by LMs adapted on the references of the other folds;
-    without: the lists of train_atis[ATIS_TUNE_FROM:] scored by ``--lm``/``--ngram``."""
+    test_atis with its LMs. Adapted (``--jackknife-lm/-ngram/-text``, ``{k}`` in each: the fold): every list of
+    train_atis, fold k of ``--folds`` contiguous folds scored by LMs adapted on the references of the other folds."""
     train = read_nbest(train_path, max_words=MAX_WORDS)
     test = NBestList(read_nbest(test_path, max_words=MAX_WORDS).entries, list_name(test_path))
     general_text = tuple(args.general_text or args.lm_text)
-    if args.jackknife_lm:
-        spans = atis_folds(len(train), args.folds)
-        adapted = [
-            (
-                Path(args.jackknife_lm.format(k=k)),
-                Path(args.jackknife_ngram.format(k=k)),
-                (*general_text, Path(args.jackknife_text.format(k=k))),
-            )
-            for k in range(len(spans))
-        ]
-    else:
-        spans = [(ATIS_TUNE_FROM, len(train))]
-        adapted = [(args.lm, args.ngram, tuple(args.lm_text))]
+    spans = atis_folds(len(train), args.folds)
+    adapted = [
+        (
+            Path(args.jackknife_lm.format(k=k)),
+            Path(args.jackknife_ngram.format(k=k)),
+            (*general_text, Path(args.jackknife_text.format(k=k))),
+        )
+        for k in range(len(spans))
+    ]
     general = (args.general_lm, args.general_ngram, general_text)
 
     def parts(models: list[tuple[Path, Path, tuple[Path, ...]]]) -> list[Part]:
@@ -284,7 +277,7 @@ def atis_parts(args, train_path: Path, test_path: Path) -> dict[str, tuple[list[
             for (a, b), m in zip(spans, models, strict=True)
         ]
 
-    test_lms = (args.test_lm or args.lm, args.test_ngram or args.ngram, tuple(args.lm_text))
+    test_lms = (args.test_lm, args.test_ngram, tuple(args.lm_text))
     return {
         "general": (parts([general] * len(spans)), Part(test, cache_name(test_path), *general)),
         "adapted": (parts(adapted), Part(test, cache_name(test_path), *test_lms)),
@@ -320,9 +313,8 @@ def guarded(lists: list[tuple[str, NBestList, tuple[Path, ...]]], normalizer) ->
 def run_atis(args) -> None:
     """Weights tuned on train_atis's lists scored by LMs that never saw those lists' references, then applied to
     test_atis scored by LMs adapted on all of train_atis's references (``--test-lm``, ``--test-ngram``), as a user
-    adapts on all the in-domain text there is. The tuning lists (``atis_parts``): with ``--jackknife-*``, all of
-    train_atis, fold k scored by LMs adapted on the other folds' references; without, train_atis[ATIS_TUNE_FROM:]
-    scored by ``--lm``/``--ngram``, adapted on the references before it. The general LMs (``--general-lm``,
+    adapts on all the in-domain text there is. The tuning lists (``atis_parts``): all of train_atis, fold k scored by
+    LMs adapted on the other folds' references (``--jackknife-*``). The general LMs (``--general-lm``,
     ``--general-ngram``) are the ablation without adaptation. Besides the figures on test_atis, each recipe's
     ``--folds``-fold cross-validation over the tuning lists (contiguous folds): a choice between recipes is made
     there, never on test_atis."""
@@ -353,20 +345,14 @@ def run_atis(args) -> None:
     figures = {k: adapted["ablation"]["both"][k] for k in ("wer_1best", "wer_rescored")}
     figures["p_value"] = adapted["report"]["p_value"]
     figures["wer_rescored_general_lms"] = details["general"]["ablation"]["both"]["wer_rescored"]
-    if args.jackknife_lm:
-        tuned_on = (
-            f"all {sum(len(p.nbest) for p in parts)} lists of train_atis, fold k of {args.folds} contiguous folds "
-            f"scored by LMs adapted on the references of the other {args.folds - 1} folds (jackknife)"
-        )
-    else:
-        tuned_on = (
-            f"the lists of train_atis[{ATIS_TUNE_FROM}:] with LMs adapted on the references of "
-            f"train_atis[:{ATIS_TUNE_FROM}]"
-        )
+    tuning = (
+        f"all {sum(len(p.nbest) for p in parts)} lists of train_atis, fold k of {args.folds} contiguous folds "
+        f"scored by LMs adapted on the references of the other {args.folds - 1} folds (jackknife)"
+    )
     write_result(
         "rescore_atis",
         figures,
-        protocol=f"weights ({recipe_text(ATIS_RECIPES)}) tuned on {tuned_on}, applied unchanged to test_atis scored by "
+        protocol=f"weights ({recipe_text(ATIS_RECIPES)}) tuned on {tuning}, applied unchanged to test_atis scored by "
         "LMs adapted on all of train_atis's references",
         details=details,
     )
@@ -375,8 +361,8 @@ def run_atis(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", choices=("hyporadise", "atis"))
-    parser.add_argument("--lm", type=Path, help="the LM bundle (atis: scoring the tuning lists, without --jackknife-*)")
-    parser.add_argument("--ngram", type=Path, help="the n-gram (atis: likewise)")
+    parser.add_argument("--lm", type=Path, help="hyporadise: the LM bundle")
+    parser.add_argument("--ngram", type=Path, help="hyporadise: the general n-gram")
     parser.add_argument("--general-lm", type=Path, help="atis: the general LM bundle, for the ablation")
     parser.add_argument("--general-ngram", type=Path, help="atis: the general n-gram, for the ablation")
     parser.add_argument("--test-lm", type=Path, help="atis: the LM bundle adapted on all of train_atis")
@@ -391,8 +377,7 @@ def main() -> None:
         "--jackknife-lm",
         metavar="PATTERN",
         help="atis: fold k's LM bundle, adapted on the references of train_atis outside fold k of --folds contiguous "
-        "folds ({k} in the pattern: 0 .. folds-1); with --jackknife-ngram and --jackknife-text the weights tune on "
-        "every train_atis list, each scored by its fold's LMs (instead of --lm/--ngram on train_atis[3171:])",
+        "folds ({k} in the pattern: 0 .. folds-1), which scores fold k's lists",
     )
     parser.add_argument("--jackknife-ngram", metavar="PATTERN", help="atis: fold k's n-gram (or mixture)")
     parser.add_argument(
@@ -422,15 +407,14 @@ def main() -> None:
     )
     common.add_results_option(parser)
     args = parser.parse_args()
-    jackknife = [args.jackknife_lm, args.jackknife_ngram, args.jackknife_text]
-    if any(jackknife) and not (all(jackknife) and args.task == "atis"):
-        parser.error("--jackknife-lm, --jackknife-ngram and --jackknife-text go together, with the atis task")
-    if not (args.lm and args.ngram) and not (
-        args.task == "atis" and all(jackknife) and args.test_lm and args.test_ngram
-    ):
-        parser.error("give --lm and --ngram (atis with --jackknife-*: --test-lm and --test-ngram instead)")
-    if args.task == "atis" and not (args.general_lm and args.general_ngram):
-        parser.error("atis needs --general-lm and --general-ngram, the ablation without adaptation")
+    atis = [args.jackknife_lm, args.jackknife_ngram, args.jackknife_text, args.test_lm, args.test_ngram]
+    if args.task == "hyporadise" and not (args.lm and args.ngram):
+        parser.error("hyporadise needs --lm and --ngram")
+    if args.task == "atis" and not all([*atis, args.general_lm, args.general_ngram]):
+        parser.error(
+            "atis needs --jackknife-lm, --jackknife-ngram, --jackknife-text, --test-lm, --test-ngram, "
+            "--general-lm and --general-ngram (the ablation without adaptation)"
+        )
     common.use_results(args.results)
     {"hyporadise": run_hyporadise, "atis": run_atis}[args.task](args)
 

@@ -32,9 +32,8 @@ diagnostic of what the features could do, never a result.
 MT figures are BLEU (sacrebleu, the tuned metric) with chrF and the length ratio (hypothesis over reference length,
 BLEU's) beside each; ASR figures are WER with the length ratio (hypothesis words over reference words).
 
-The benchmarks' result files (``benchmarks/rescore_sets.py``, ``rescore_protocol.py``, ``rescore_recipes.py``) come
-from this module too: ``kfold``, ``transfer``, ``tuned_on``, ``in_sample_ceiling`` and ``leakage`` keep their
-layouts.
+The benchmarks' result files (``benchmarks/rescore_sets.py``, ``rescore_protocol.py``) come from this module too:
+``kfold``, ``transfer``, ``tuned_on``, ``in_sample_ceiling`` and ``leakage`` keep their layouts.
 """
 
 from __future__ import annotations
