@@ -69,20 +69,27 @@ again but applies only ``[models]`` and ``server.default_model``; the rest takes
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from lmserve.core.tomlconfig import ConfigError, check_keys, check_table, read_section, read_toml
 from lmserve.rescoring.nbest.checks import MAX_WORDS
 from lmserve.rescoring.precision import PRECISIONS
 from lmserve.rescoring.scorer import DEVICES
 
 ENGINES = ("threads", "processes")  # server.engine
-_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the file and key."""
+SECTIONS = ("server", "limits", "batching", "state_cache", "tls", "models")
+# the keys of a [models.NAME] table and of [tls], and their TOML types (paths are strings, resolved against the file)
+MODEL_KEYS = {
+    "bundle": str,
+    "ngram": str,
+    "normalize": str,
+    "lambda": float,
+    "profiles": dict[str, str],
+    "open_vocab": bool,
+    "precision": str,
+}
+TLS_KEYS = {"cert": str, "key": str, "client_ca": str}
 
 
 @dataclass
@@ -163,22 +170,17 @@ class Config:
 
 def load_config(path: str | Path) -> Config:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the config ({e.strerror})") from e
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    _only(data, {"server", "limits", "batching", "tls", "models", "state_cache"}, path, "")
-    server = _section(ServerSettings, data.get("server", {}), path, "server")
-    limits = _section(Limits, data.get("limits", {}), path, "limits")
-    batching = _section(Batching, data.get("batching", {}), path, "batching")
+    data = read_toml(path)
+    check_keys(data, SECTIONS, path)
+    server = read_section(ServerSettings, data.get("server", {}), path, "server")
+    limits = read_section(Limits, data.get("limits", {}), path, "limits")
+    batching = read_section(Batching, data.get("batching", {}), path, "batching")
     if batching.max_batch_tokens < 1 or batching.max_wait_ms < 0:
         raise ConfigError(
             f"{path}: batching.max_batch_tokens = {batching.max_batch_tokens}, batching.max_wait_ms = "
             f"{batching.max_wait_ms}: expected at least 1 token and a wait of 0 ms or more"
         )
-    state_cache = _section(StateCacheSettings, data.get("state_cache", {}), path, "state_cache")
+    state_cache = read_section(StateCacheSettings, data.get("state_cache", {}), path, "state_cache")
     if state_cache.max_mb < 0 or state_cache.ttl_seconds <= 0:
         raise ConfigError(
             f"{path}: state_cache.max_mb = {state_cache.max_mb}, state_cache.ttl_seconds = {state_cache.ttl_seconds}: "
@@ -207,77 +209,28 @@ def load_config(path: str | Path) -> Config:
 
 
 def _tls(table: object, path: Path) -> Tls:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [tls] must be a table")
-    _only(table, {"cert", "key", "client_ca"}, path, "tls")
-    cert = _typed(table, "cert", str, path, "tls", required=True)
-    key = _typed(table, "key", str, path, "tls", required=True)
-    client_ca = _typed(table, "client_ca", str, path, "tls")
-    base = path.parent
-    return Tls(base / cert, base / key, None if client_ca is None else base / client_ca)
+    values = check_table(table, TLS_KEYS, path, "tls", required=("cert", "key"))
+    base, client_ca = path.parent, values.get("client_ca")
+    return Tls(base / values["cert"], base / values["key"], None if client_ca is None else base / client_ca)
 
 
 def _model(table: object, path: Path, where: str) -> ModelConfig:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: {where} must be a table")
-    _only(table, {"bundle", "ngram", "normalize", "lambda", "profiles", "open_vocab", "precision"}, path, where)
-    bundle = _typed(table, "bundle", str, path, where, required=True)
-    ngram = _typed(table, "ngram", str, path, where)
-    normalize = _typed(table, "normalize", str, path, where)
-    lam = _typed(table, "lambda", (int, float), path, where)
+    values = check_table(table, MODEL_KEYS, path, where, required=("bundle",))
+    ngram, lam = values.get("ngram"), values.get("lambda")
     if lam is not None and not 0.0 < lam < 1.0:
         raise ConfigError(f"{path}: {where}.lambda = {lam}: expected a value in (0, 1)")
     if lam is not None and ngram is None:
         raise ConfigError(f"{path}: {where}.lambda needs {where}.ngram (it interpolates the two models)")
-    open_vocab = table.get("open_vocab", False)
-    if type(open_vocab) is not bool:
-        raise ConfigError(f"{path}: {where}.open_vocab = {open_vocab!r}: expected true or false")
-    precision = _typed(table, "precision", str, path, where) or "fp32"
+    precision = values.get("precision") or "fp32"
     if precision not in PRECISIONS:
         raise ConfigError(f"{path}: {where}.precision = {precision!r}: expected one of {list(PRECISIONS)}")
-    profiles = table.get("profiles", {})
-    if not isinstance(profiles, dict) or not all(isinstance(v, str) for v in profiles.values()):
-        raise ConfigError(f'{path}: {where}.profiles must be a table of NAME = "weights file"')
     base = path.parent
     return ModelConfig(
-        base / bundle,
+        base / values["bundle"],
         None if ngram is None else base / ngram,
-        normalize,
-        None if lam is None else float(lam),
-        {name: base / file for name, file in profiles.items()},
-        open_vocab,
+        values.get("normalize"),
+        lam,
+        {name: base / file for name, file in values.get("profiles", {}).items()},
+        values.get("open_vocab", False),
         precision,
     )
-
-
-def _section(cls, table: object, path: Path, where: str):
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [{where}] must be a table")
-    known = {f.name: f for f in fields(cls)}
-    _only(table, set(known), path, where)
-    values = {}
-    for name, value in table.items():
-        kind = type(known[name].default)
-        ok = isinstance(value, int | float) and not isinstance(value, bool) if kind is float else type(value) is kind
-        if not ok:
-            raise ConfigError(f"{path}: {where}.{name} = {value!r}: expected {_KINDS[kind]}")
-        values[name] = kind(value)
-    return cls(**values)
-
-
-def _only(table: dict, allowed: set[str], path: Path, where: str) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        prefix = f"{where}." if where else ""
-        raise ConfigError(f"{path}: unknown key {prefix}{unknown[0]}; expected one of {sorted(allowed)}")
-
-
-def _typed(table: dict, key: str, kind, path: Path, where: str, required: bool = False):
-    value = table.get(key)
-    if value is None:
-        if required:
-            raise ConfigError(f"{path}: {where}.{key} is missing")
-        return None
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ConfigError(f"{path}: {where}.{key} = {value!r} has the wrong type")
-    return value

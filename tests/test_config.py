@@ -42,10 +42,10 @@ def test_int_accepted_where_a_float_is_expected(tmp_path):
     [
         ("[model]\nhiden_size = 3\n", [], "unknown key model.hiden_size"),
         ("[modle]\n", [], "unknown section [modle]"),
-        ("[model]\nhidden_size = 'big'\n", [], "model.hidden_size: expected an integer"),
+        ("[model]\nhidden_size = 'big'\n", [], "model.hidden_size = 'big': expected an integer"),
         ("[data]\nmode = 'bptt'\n", [], "data.mode = 'bptt', expected one of stream, sentence"),
-        ("[model]\nlayers = 2\n", ["model.layers=2.5"], "model.layers: expected an integer"),
-        ("[model]\ntie_embeddings = 1\n", [], "expected true or false"),
+        ("[model]\nlayers = 2\n", ["model.layers=2.5"], "model.layers = 2.5: expected an integer"),
+        ("[model]\ntie_embeddings = 1\n", [], "model.tie_embeddings = 1: expected true or false"),
         ("[model\n", [], "not valid TOML"),
         ("[train]\ndevice = 'gpu'\n", [], "train.device = 'gpu', expected cpu, cuda or cuda:N"),
     ],

@@ -10,20 +10,17 @@ import dataclasses
 import os
 import re
 import sys
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from lmserve.core.tomlconfig import ConfigError, check_keys, check_table, parse_override, read_toml
 
 # The shared data sets: $LMSERVE_DATA (or lm-train --data-dir, which sets it), else ../shared/data from the current
 # directory, where they lie for a source checkout's root (make and CI run there). Never a path computed from where
 # the package is installed.
 DATA_ENV = "LMSERVE_DATA"
 CHECKOUT_DATA_DIR = Path("..") / "shared" / "data"
-
-
-class ConfigError(ValueError):
-    """A config file or override is wrong; the message names the file and key."""
 
 
 @dataclass
@@ -249,44 +246,6 @@ _CHOICES = {
 }
 
 
-def parse_override(text: str) -> tuple[list[str], object]:
-    """``a.b=value`` -> (["a", "b"], value); the value is read as TOML and falls back to a bare string."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"--set {text!r}: expected section.key=value")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key.strip().split("."), value
-
-
-def _check_value(value, hint, where: str):
-    origin = typing.get_origin(hint)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return [_check_value(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config type {hint} at {where}")
-
-
 # keys that have a new name: (section, old key) -> new key. The old key is still read (saved checkpoints and bundles
 # hold it; a file or --set that gives it gets a warning), and a config is written with the new one.
 RENAMED = {
@@ -325,24 +284,17 @@ def _with_current_names(raw: dict, source: str, warn: bool) -> dict:
 def config_from_dict(raw: dict, source: str = "<config>") -> Config:
     """Build a validated Config; unknown sections or keys and wrong types are errors that name them. Old key names
     (:data:`RENAMED`) are read under their new ones."""
-    sections = {}
+    raw = _with_current_names(raw, source, warn=False)
     section_types = typing.get_type_hints(Config)
-    for name, body in _with_current_names(raw, source, warn=False).items():
-        if name not in section_types:
-            raise ConfigError(f"{source}: unknown section [{name}] (known: {', '.join(section_types)})")
-        if not isinstance(body, dict):
-            raise ConfigError(f"{source}: [{name}] must be a table of keys")
-        cls = section_types[name]
-        hints = typing.get_type_hints(cls)
-        values = {}
-        for key, value in body.items():
-            if key not in hints:
-                raise ConfigError(f"{source}: unknown key {name}.{key} (known: {', '.join(hints)})")
-            values[key] = _check_value(value, hints[key], f"{source}: {name}.{key}")
+    check_keys(raw, section_types, source)
+    sections = {}
+    for name, body in raw.items():
+        values = check_table(body, typing.get_type_hints(section_types[name]), source, name)
+        for key, value in values.items():
             allowed = _CHOICES.get((name, key))
-            if allowed and values[key] not in allowed:
+            if allowed and value not in allowed:
                 raise ConfigError(f"{source}: {name}.{key} = {value!r}, expected one of {', '.join(allowed)}")
-        sections[name] = cls(**values)
+        sections[name] = section_types[name](**values)
     config = Config(**sections)
     _check_head_and_objective(config, source)
     _check_data_and_stopping(config, source)
@@ -456,25 +408,15 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
 def read_config_file(path: str | Path) -> dict:
     """The TOML file as written, before defaults (old key names under their new ones): what ``--init-from`` needs to
     tell a key given from one left out."""
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise ConfigError(f"{path}: config file not found") from e
-    except (OSError, UnicodeDecodeError) as e:  # a folder (an empty argument is "."), unreadable, not text
-        raise ConfigError(f"{path or repr(path)}: cannot read it as a TOML config file ({e})") from e
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    return _with_current_names(raw, str(path), warn=True)
+    return _with_current_names(read_toml(path), str(path), warn=True)
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """``raw`` with each ``--set section.key=value`` applied (a new dict; ``raw`` is left as it was)."""
     raw = {section: dict(body) if isinstance(body, dict) else body for section, body in raw.items()}
     for text in overrides:
-        keys, value = parse_override(text)
-        if len(keys) != 2:
-            raise ConfigError(f"--set {text!r}: expected section.key=value")
-        raw.setdefault(keys[0], {})[_renamed(keys[0], keys[1], f"--set {text!r}", warn=True)] = value
+        section, key, value = parse_override(text)
+        raw.setdefault(section, {})[_renamed(section, key, f"--set {text!r}", warn=True)] = value
     return raw
 
 
@@ -495,9 +437,9 @@ def resumed_config(saved: dict, overrides: list[str], source: str) -> Config:
     """The config a resumed run goes on with: the saved one (``source``) with ``overrides`` applied, which may only
     touch :data:`RESUME_SETTABLE` keys."""
     for text in overrides:
-        keys, _ = parse_override(text)
-        name = ".".join(keys)
-        if name not in RESUME_SETTABLE and f"{keys[0]}.*" not in RESUME_SETTABLE:
+        section, key, _ = parse_override(text)
+        name = f"{section}.{key}"
+        if name not in RESUME_SETTABLE and f"{section}.*" not in RESUME_SETTABLE:
             raise ConfigError(
                 f"--set {text!r}: a resumed run cannot change {name} (its checkpoint was trained with it); "
                 f"--resume may change {', '.join(RESUME_SETTABLE)}"
