@@ -55,3 +55,19 @@ def test_state_cache_soak(setup):
     result = main([*setup, *args, "--abandon-every", "1", "--think-ms", "5"])
     assert result["metrics"]["errors"] == 0 and result["cache"]["bound_held"]
     assert result["cache"]["evicted"] > 0  # abandoned states made room for live ones
+
+
+def test_decode_speed(setup):
+    from benchmarks.decode_speed import main
+
+    args = ["--labels", LABELS, "--utterances", "4", "--rounds", "1", "--server-steps", "2", "--alpha", "0.5"]
+    result = main([*setup, *args])
+    metrics, rows = result["metrics"], result["rows"]
+    assert set(rows) == {f"pyctcdecode_{r}" for r in ("no_lm", "kenlm", "ours", "ours_remote")} | {
+        "flashlight_kenlm",
+        "flashlight_ours",
+    }
+    assert all(row["ms_per_utt"] > 0 and 0 <= row["wer"] <= 200 for row in rows.values())
+    assert rows["pyctcdecode_ours_remote"]["wer"] == rows["pyctcdecode_ours"]["wer"]  # the same model, here or served
+    assert metrics["max_abs_diff"] <= 1e-4 and metrics["server_cpu_ms_per_step"] > 0
+    assert metrics["ours_vs_kenlm"] == metrics["ours_ms_per_utt"] / metrics["kenlm_ms_per_utt"]

@@ -203,3 +203,31 @@ def test_the_benchmark_measures_a_hung_server_threads_and_a_fork_pool(root, bund
     assert 1.9 <= metrics["hung_server_error_s"] <= 6, result["runs"]
     assert metrics["shared_decoder_wrong_results"] == 0 and metrics["fork_pool_wrong_results"] == 0, result["runs"]
     assert result["runs"]["hung_server"]["names_the_server"] and result["runs"]["hung_server"]["deadline_exceeded"]
+
+
+def test_a_beam_step_over_the_servers_max_step_words_goes_in_several_requests(root, bundle):
+    """The server refuses a request of more than limits.max_step_words words (all items' candidates); a remote
+    DecoderLM told the limit splits its step into requests under it, and scores every word as the local bundle."""
+    config = root / "serve_small_steps.toml"
+    config.write_text(write_config(root, bundle, "serve_small.toml").read_text() + "[limits]\nmax_step_words = 50\n")
+    words = [f"w{i}" for i in range(12)]
+    local = DecoderLM.local(bundle, root / "train3.bin", LAMBDA)
+    with ServerProcess(config, root / "server_small_steps.log") as server:
+        with DecoderLM.remote(server.address, "exact", max_step_words=50) as remote:
+            sent, request = [], remote.backend._request
+            remote.backend._request = lambda items, keep: (
+                sent.append(sum(len(w) for _, w in items)),
+                request(items, keep),
+            )[1]
+            results = []
+            for lm in (local, remote):
+                states = [state for _, state in lm.score_many([(lm.start(), w, False) for w in words])]
+                # one beam step of 12 states x 10 words = 120 words: three requests of at most 50
+                results.append(lm.score_many([(state, w, False) for state in states for w in words[:10]]))
+            assert [score for score, _ in results[1]] == pytest.approx([score for score, _ in results[0]], abs=1e-4)
+            assert remote.calls == 2 and sent == [12, 50, 50, 20]  # one DecoderLM step each, in requests under 50
+        with DecoderLM.remote(server.address, "exact", max_step_words=1000) as unsplit:
+            states = [state for _, state in unsplit.score_many([(unsplit.start(), w, False) for w in words])]
+            with pytest.raises(LMServeError, match="RESOURCE_EXHAUSTED.*max_step_words"):
+                unsplit.score_many([(state, w, False) for state in states for w in words[:10]])
+        assert server.stop() == 0

@@ -103,7 +103,8 @@ def test_pyctcdecode_decodes_with_a_local_bundle_and_its_lm_scores_add_up(local,
 
 
 def test_a_beam_step_is_one_lm_call_and_decodes_as_pyctcdecode_alone(bundle):
-    """The batched decoder gives pyctcdecode's own answer with the same LM, in fewer calls."""
+    """The batched decoder gives pyctcdecode's own answer with the same LM, in fewer calls, scoring fewer words: not
+    those of beams that the step's pruning drops whatever their scores."""
     rng = np.random.default_rng(3)
     channel = Channel(sub=0.15, dropped=0.05, ins=0.05)
     utterances = [channel.emissions(text, LABELS, rng) for text in SENTENCES]
@@ -116,7 +117,7 @@ def test_a_beam_step_is_one_lm_call_and_decodes_as_pyctcdecode_alone(bundle):
     for batched, plain in zip(results["batched"], results["plain"], strict=True):
         assert [b[0] for b in batched] == [p[0] for p in plain]
         assert [b[-1] for b in batched] == pytest.approx([p[-1] for p in plain], abs=1e-4)
-    assert calls["batched"][1] == calls["plain"][1]  # the same (state, word) pairs scored ...
+    assert calls["batched"][1] < calls["plain"][1]  # fewer (state, word) pairs scored ...
     assert calls["batched"][0] < calls["plain"][0] / 2, calls  # ... in fewer LM calls
     assert calls["plain"][0] >= calls["plain"][1], calls  # (alone: a call per pair, two for a last word and </s>)
 
@@ -221,6 +222,50 @@ def test_a_word_that_normalises_to_several_tokens_scores_their_sum(bundle):
 
 
 # -- lm-serve behind the adapter --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full-distributions", "step-graph"])
+def test_local_states_score_as_lm_rescore_score_and_each_state_steps_once(bundle, root, engine, full):
+    """A local word-level bundle keeps its states in arrays (LocalState: views of the step's output, the KenLM state
+    after the path). With full distributions (a small vocabulary) each state is stepped once, through step_full, and
+    every word asked after it later is a lookup: the graph's rows are the distinct states stepped. Either way the
+    decoded path's scores equal lm-rescore score's, interpolated and neural."""
+    local = DecoderLM.local(bundle, root / "train3.bin", LAMBDA)
+    assert local.backend.full  # (the test bundle's vocabulary is small)
+    local.backend.full = full
+    scorer = local.backend.lm.scorer
+    decoder = build_ctcdecoder(LABELS, local, alpha=0.8, beta=0.5)
+    stepped, run = set(), scorer.next_word_scores
+
+    def counting(prev, h, c, ids=None, **kwargs):
+        numbers = np.concatenate([h, c], axis=2).transpose(1, 0, 2)
+        stepped.update(zip(np.asarray(prev).tolist(), map(bytes, numbers), strict=True))  # the states read
+        counting.rows += len(prev)
+        return run(prev, h, c, ids, **kwargs)
+
+    scorer.next_word_scores = counting
+    for emissions in noisy(SENTENCES, seed=5):
+        stepped.clear()
+        counting.rows = 0
+        text, state = decode_path(decoder, emissions, 12)
+        assert state.logprob == pytest.approx(sentence_logprob(engine, text, interpolated=True), abs=1e-4)
+        assert state.neural == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
+        if full:  # each state once
+            assert counting.rows == len(stepped), (counting.rows, len(stepped))
+        else:  # the step graph steps a state again for words asked after it in a later frame
+            assert counting.rows >= len(stepped)
+
+
+def test_the_lm_bound_lets_the_decoder_skip_words_of_beams_it_would_drop(bundle):
+    """A beam whose best possible score (its word's LM score at most the model's highest: alpha · max_logprob +
+    beta) is below the beam_width-th best score known is not scored; the decode is the plain decoder's."""
+    lm = DecoderLM.local(bundle)
+    assert lm.max_logprob is not None and lm.max_logprob >= 0
+    fused = LMServeLanguageModel(lm, alpha=0.8, beta=0.5)
+    assert fused.max_fused() == pytest.approx(0.8 * lm.max_logprob + 0.5)
+    assert LMServeLanguageModel(lm, alpha=-1.0).max_fused() is None  # no bound: every word is scored
+    lm.backend.max_logprob = None
+    assert LMServeLanguageModel(lm).max_fused() is None  # a model whose scores are not log-probabilities
 
 
 def noisy(texts, seed=11):

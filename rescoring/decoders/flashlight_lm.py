@@ -11,9 +11,13 @@ LM to flashlight unchanged, so ``ctc_decoder(..., lm=LMServeFlashlightLM(...))``
 ships its decoder.
 
 Scores are natural logs (flashlight's KenLM gives log10: an ``lm_weight`` tuned for KenLM is ln 10 times too big
-here). flashlight calls the LM once per (hypothesis, word) from its C++ search, with no hook to batch a step: the
-adapter memoises every (state, word), so a pair costs one LM step once; the trie's lookahead scores (each lexicon
-word from the sentence start) come in one batched call (:meth:`LMServeFlashlightLM.unigram_scores`). With lm-serve
+here). flashlight calls the LM once per (hypothesis, word) from its C++ search, with no hook to batch a step (a
+frame's callbacks come one by one, each needing its score before the search goes on, so they cannot be gathered
+without changing what the search does): the adapter memoises every (state, word), and a local word-level
+``DecoderLM`` with a vocabulary of at most ``FULL_VOCABULARY`` words steps each state once and keeps its whole
+next-word distribution (``rescoring.decoders.lm``), so that a state costs one LSTM step and every word asked after it
+a lookup. That is the fastest correct way we found; the trie's lookahead scores (each lexicon word from the sentence
+start) come in one batched call (:meth:`LMServeFlashlightLM.unigram_scores`). With lm-serve
 each new (state, word) is one streamed request: the pyctcdecode adapter, which batches a beam step into one request,
 is the one to use against a remote LM when speed matters. An adapter keeps the states of the utterance it decodes:
 one per thread (a :class:`DecoderLM` can be shared by them).

@@ -16,6 +16,10 @@ that asks twice (flashlight does, pyctcdecode's own cache aside) costs one LM st
 How a step is batched: the pairs not yet memoised are grouped by state; each state becomes one item whose candidates
 are the first tokens of its words; one backend call scores all items (one LSTM step locally, one ScoreNextWordsBatch
 or stream request remotely). Words that normalise to several tokens take further rounds, one token deeper each.
+Locally, a word-level bundle keeps its states in arrays (:class:`LocalState`: views of the LSTM state of the step
+that made them, and the KenLM state after the path; no tokens, contexts or copies), and with a vocabulary of at most
+``FULL_VOCABULARY`` words each state is stepped once, through the ``step_full`` graph, keeping every next word's
+score: a word asked after it later (another beam, another frame, flashlight's next callback) is a lookup.
 
 Faults. A remote backend turns a failed call into :class:`LMServeError` naming the address, the status code and the
 server's message; a call or a stream step unanswered within ``timeout`` (30 s; a hung server) is DEADLINE_EXCEEDED.
@@ -47,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import numpy as np
 
 from lmserve.core.textnorm import PRESETS, TextNormalizer
 
@@ -54,11 +59,16 @@ log = logging.getLogger("lmserve.decoders")
 # the status codes of a server that cannot answer at all, which fallback_ngram stands in for
 SERVER_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 EOS = "</s>"
-# A request's items and the state tokens its answer may carry: under lm-serve's default limits (max_items 1024,
-# max_candidates 1000, 16 MiB messages), with room to spare.
+# A request's items, their words and the state tokens its answer may carry: under lm-serve's default limits
+# (max_items 1024, max_candidates 1000, max_step_words 16384, 16 MiB messages), with room to spare.
 MAX_ITEMS = 1024
 MAX_CANDIDATES = 1000
+MAX_STEP_WORDS = 16384
 MAX_STATE_BYTES = 8 << 20
+# LocalBackend keeps whole next-word distributions of states for vocabularies up to this size
+FULL_VOCABULARY = 20000
+# the highest word score of an exactly normalised model (log-probabilities, computed in float32): 0, and a margin
+MAX_LOGPROB = 1e-3
 
 
 class LMServeError(RuntimeError):
@@ -148,6 +158,7 @@ class DecoderLM:
         self.calls = 0  # backend calls (one per beam step and token depth): the benchmarks report LM calls/s
         self.pairs = 0  # (state, word) pairs scored through them
         self._tokens: dict[str, tuple[str, ...]] = {}
+        self._written: dict[str, bool] = {}  # as_written's answers
         self._vocabulary: list[str] | None = None
         self._ngram: NgramBackend | None = None
         self._retry_at = math.inf
@@ -193,6 +204,7 @@ class DecoderLM:
         fallback_ngram: str | Path | None = None,
         retry_server: float | None = 60.0,
         normalize: str | None = None,
+        max_step_words: int = MAX_STEP_WORDS,
     ) -> DecoderLM:
         """lm-serve at ``target`` (``HOST:PORT``), its ``model`` (empty: the default). ``stream``: a StreamNextWords
         stream for all steps, one per thread (else a ScoreNextWordsBatch call each); ``cache_states``: states stay
@@ -201,7 +213,9 @@ class DecoderLM:
         call and of each stream step, in seconds (None: none; a server that stops answering then blocks the decoder
         for good). ``fallback_ngram``, ``retry_server``: see the module docstring (None: never ask again);
         ``normalize``: the ``textnorm`` preset of the model's words while the server has not said (a fallback from
-        construction on; else words are read as written): the server's own settings win once it answers."""
+        construction on; else words are read as written): the server's own settings win once it answers.
+        ``max_step_words``: the most words (all items' candidates) a request carries, the server's
+        ``limits.max_step_words``: a beam step with more goes in several requests."""
         from lmserve.rescoring.client import LMServeClient, text_settings_json
 
         def connect() -> tuple[RemoteBackend, TextNormalizer]:
@@ -212,7 +226,8 @@ class DecoderLM:
                 client.close()
                 raise server_error(target, error) from None
             normalizer = TextNormalizer.from_dict(json.loads(text_settings_json(info)))
-            return RemoteBackend(client, info, stream, cache_states, step_timeout=timeout), normalizer
+            backend = RemoteBackend(client, info, stream, cache_states, timeout, max_step_words)
+            return backend, normalizer
 
         try:
             backend, normalizer = connect()
@@ -250,7 +265,10 @@ class DecoderLM:
         word in the model's case. A stray apostrophe, a hyphen or punctuation that text normalisation drops would stay
         in the transcript though the LM never saw it: such a word is out of the vocabulary (``LMState.word_oov``), as
         a word outside a KenLM decoder's unigrams is, while its LM score stays that of its tokens."""
-        return " ".join(self.tokens_of(word)) == self.normalizer.cased(word)
+        written = self._written.get(word)
+        if written is None:
+            written = self._written[word] = " ".join(self.tokens_of(word)) == self.normalizer.cased(word)
+        return written
 
     def is_prefix(self, partial: str) -> bool:
         """Whether some vocabulary word starts with ``partial`` as written (in the model's case: not normalised
@@ -269,6 +287,13 @@ class DecoderLM:
         return at < len(self._vocabulary) and self._vocabulary[at].startswith(prefix)
 
     # -- scoring -----------------------------------------------------------------------------------------------
+
+    @property
+    def max_logprob(self) -> float | None:
+        """The highest score a word can get (a bound for a decoder's pruning: a little above 0 for log-probabilities,
+        for float rounding), or None for a model whose scores are not log-probabilities (self-normalised or
+        unnormalised: any bound)."""
+        return self.backend.max_logprob
 
     def start(self) -> LMState:
         """A new utterance's state; after a fallback, once ``retry_server`` seconds have passed, the server is asked
@@ -301,6 +326,8 @@ class DecoderLM:
     def _score(self, pairs: list[tuple[LMState, str, bool]], keep: bool) -> dict:
         # each pair walks its tokens (and </s>) one round at a time; a round is one backend call for all pairs
         tokens = [self.tokens_of(word) for _, word, _ in pairs]
+        if all(len(t) == 1 and not end for t, (_, _, end) in zip(tokens, pairs, strict=True)):
+            return self._score_words(pairs, tokens, keep)
         paths = [[*t, *((EOS,) if end else ())] for t, (_, _, end) in zip(tokens, pairs, strict=True)]
         at = [state for state, _, _ in pairs]  # where each pair's walk is
         sums = [[0.0, 0.0, 0, False] for _ in pairs]  # neural, logprob, <unk> tokens, a word token was <unk>
@@ -341,6 +368,35 @@ class DecoderLM:
             child.ended, child.word_logprob = end, logprob
             child.word_oov = word_oov or (bool(word.strip()) and not self.as_written(word))
             child.word_tokens = len(tokens[i])
+            if keep:
+                state.children[(word, end)] = child
+            done[(id(state), word, end)] = child
+        with self._lock:
+            self.pairs += len(pairs)
+        return done
+
+    def _score_words(self, pairs: list[tuple[LMState, str, bool]], tokens: list, keep: bool) -> dict:
+        """:meth:`_score` of the usual beam step, words of one token each and no </s>: one round, the same states
+        and sums (0 + x is x), without the bookkeeping of several rounds."""
+        groups: dict[int, tuple[LMState, dict]] = {}
+        for (state, _, _), (token,) in zip(pairs, tokens, strict=True):
+            group = groups.get(id(state))
+            if group is None:
+                group = groups[id(state)] = (state, {})
+            group[1][token] = None
+        items = [(state, list(words)) for state, words in groups.values()]
+        scored = {}
+        for (state, words), results in zip(items, self._call(items, keep), strict=True):
+            key = id(state)
+            for word, result in zip(words, results, strict=True):
+                scored[(key, word)] = result
+        done, track, as_written = {}, self.backend.track, self.as_written
+        for (state, word, end), (token,) in zip(pairs, tokens, strict=True):
+            s = scored[(id(state), token)]
+            child = LMState(s.handle, state, token, state.neural + s.neural, state.logprob + s.logprob,
+                            state.oov + s.oov, state.words + 1, False, s.logprob, bool(s.oov) or not as_written(word),
+                            1, state.epoch)  # fmt: skip
+            track(child)
             if keep:
                 state.children[(word, end)] = child
             done[(id(state), word, end)] = child
@@ -409,7 +465,7 @@ class DecoderLM:
             return
         with self._lock:
             self.backend, self.normalizer, self.fell_back = backend, normalizer, False
-            self._tokens, self._vocabulary = {}, None
+            self._tokens, self._written, self._vocabulary = {}, {}, None
             self.epoch += 1
         log.warning("%s answers again: utterances started from now on use it (fallback_ngram)", backend.describe)
 
@@ -417,27 +473,141 @@ class DecoderLM:
 # -- backends ------------------------------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
+class LocalState:
+    """A local state of a word-level bundle: the word the next step reads, the LSTM state before it (views into the
+    output of the step that made it, shared by the states that step made: never copied) and the n-gram's KenLM
+    state after the path (None without interpolation)."""
+
+    prev_id: int
+    h: np.ndarray  # [L, H]
+    c: np.ndarray
+    ngram: object = None
+    # with full distributions (LocalBackend.full): once stepped, the scores of every next word [V] and the LSTM state
+    # after prev_id [L, H], which every state after this one starts from
+    scores: np.ndarray | None = None
+    h_out: np.ndarray | None = None
+    c_out: np.ndarray | None = None
+
+
 class LocalBackend:
-    """A bundle (and n-gram) in this process: states are ``DecoderState`` objects, never encoded."""
+    """A bundle (and n-gram) in this process. A word-level bundle steps its own way (:meth:`_step_words`): states are
+    :class:`LocalState` objects, and a step is one ``step`` graph run, one KenLM query per word and one interpolation
+    over the step's words, with no state tokens, contexts or copies (the scores are those of
+    ``InterpolatedLM.next_words_batch``). A subword bundle goes through ``next_words_batch`` (``DecoderState``
+    objects)."""
 
     def __init__(self, lm):
         self.lm = lm
-        self.open_vocabulary = lm.scorer.pieces is not None
-        self.describe = f"local bundle {lm.scorer.bundle.path}"
+        scorer = lm.scorer
+        self.open_vocabulary = scorer.pieces is not None
+        self.describe = f"local bundle {scorer.bundle.path}"
+        self.max_logprob = MAX_LOGPROB if scorer.normalised else None
+        self.words = scorer.pieces is None
+        # a small vocabulary: each state is stepped once, through the step_full graph, and keeps every next word's
+        # score (V floats), so that the words asked after it later cost a lookup (a beam asks after the same
+        # state in several frames). With a large vocabulary the full softmax costs more than the steps it saves.
+        self.full = self.words and len(scorer.bundle.tokens) <= FULL_VOCABULARY
+        self.interpolate = lm.ngram is not None and lm.lam is not None
+        if self.interpolate:
+            self.log_lam, self.log_rest = math.log(lm.lam), math.log1p(-lm.lam)
 
     def start(self):
-        return self.lm.start_state()
+        if not self.words:
+            return self.lm.start_state()
+        h, c = self.lm.scorer.zero_state(1)
+        kenlm_state = None
+        if self.interpolate:
+            import kenlm
+
+            kenlm_state = kenlm.State()
+            self.lm.ngram.model.BeginSentenceWrite(kenlm_state)
+        return LocalState(self.lm.scorer.start_id, h[:, 0], c[:, 0], kenlm_state)
 
     def vocabulary(self) -> list[str]:
         return [t for t in self.lm.scorer.bundle.tokens if not (t.startswith("<") and t.endswith(">"))]
 
     def step(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
+        if self.words:
+            return self._step_words(items, keep)
         from lmserve.rescoring.interpolated import Step
 
         steps = [Step(state.handle, words, "objects" if keep else "none") for state, words in items]
         return [
             [Scored(w.neural, w.logprob, w.oov, w.after) for w in words] for words in self.lm.next_words_batch(steps)
         ]
+
+    def _step_words(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
+        from lmserve.rescoring.lmscores import UNK_WORD
+        from lmserve.rescoring.ngram import LN10
+        from lmserve.rescoring.scorer import UNK
+
+        scorer, count = self.lm.scorer, len(items)
+        handles = [state.handle for state, _ in items]
+        counts = [len(words) for _, words in items]
+        index = scorer.index
+        flat_ids = [index.get(word, UNK) for _, words in items for word in words]
+        if self.full:
+            fresh = [handle for handle in handles if handle.scores is None]
+            if fresh:
+                scores, h_out, c_out = self._run(fresh, None)
+                for i, handle in enumerate(fresh):
+                    handle.scores, handle.h_out, handle.c_out = scores[i], h_out[:, i], c_out[:, i]
+            rows = [handle.scores for handle, k in zip(handles, counts, strict=True) for _ in range(k)]
+            neural = np.array(list(map(float, map(np.ndarray.__getitem__, rows, flat_ids))), np.float64)
+            outs = [(handle.h_out, handle.c_out) for handle in handles]
+        else:
+            width = max(counts)
+            ids = np.full((count, width), UNK, np.int64)
+            at = 0
+            for i, k in enumerate(counts):
+                ids[i, :k] = flat_ids[at : at + k]
+                at += k
+            logprobs, h_out, c_out = self._run(handles, ids)
+            if width * count == len(flat_ids):
+                neural = logprobs.astype(np.float64).ravel()
+            else:
+                neural = np.concatenate([logprobs[i, :k] for i, k in enumerate(counts)]).astype(np.float64)
+            outs = [(h_out[:, i], c_out[:, i]) for i in range(count)]
+        logprob, afters = neural, [None] * len(flat_ids)
+        if self.interpolate:
+            import kenlm
+
+            model, known, log10 = self.lm.ngram.model, scorer.known_words, []
+            at = 0
+            for handle, (_, words) in zip(handles, items, strict=True):
+                context = handle.ngram
+                for word in words:
+                    after = kenlm.State()
+                    log10.append(model.BaseScore(context, word if word in known else UNK_WORD, after))
+                    afters[at] = after
+                    at += 1
+            ngram = np.array(log10, dtype=np.float64) * LN10
+            logprob = np.logaddexp(self.log_lam + neural, self.log_rest + ngram)
+        out, at = [], 0
+        neural_list, logprob_list = neural.tolist(), logprob.tolist()
+        unk = scorer.bundle.tokens[UNK]
+        for i, k in enumerate(counts):
+            (h_i, c_i), words = outs[i], items[i][1]
+            scored = []
+            for n in range(at, at + k):
+                word_id = flat_ids[n]
+                handle = LocalState(word_id, h_i, c_i, afters[n]) if keep else None
+                scored.append(Scored(neural_list[n], logprob_list[n], word_id == UNK and words[n - at] != unk, handle))
+            out.append(scored)
+            at += k
+        return out
+
+    def _run(self, handles: list[LocalState], ids: np.ndarray | None) -> tuple:
+        """One run of the step graph (``ids`` [B, K]) or of step_full (None) from the states of ``handles``."""
+        scorer, count = self.lm.scorer, len(handles)
+        h = np.empty((scorer.layers, count, scorer.state_size), np.float32)
+        c = np.empty_like(h)
+        for i, handle in enumerate(handles):
+            h[:, i] = handle.h
+            c[:, i] = handle.c
+        prev = np.fromiter((handle.prev_id for handle in handles), np.int64, count)
+        return scorer.next_word_scores(prev, h, c, ids)
 
     def track(self, state: LMState) -> None:
         pass
@@ -453,7 +623,17 @@ class RemoteBackend:
     ended are closed when another is made, all of them by :meth:`close`). In a forked child, the parent's channel and
     streams are left alone (:meth:`_after_fork`) and the first call connects anew (``client.clone()``)."""
 
-    def __init__(self, client, info, stream: bool = True, cache_states: bool = False, step_timeout=None):
+    def __init__(
+        self,
+        client,
+        info,
+        stream: bool = True,
+        cache_states: bool = False,
+        step_timeout=None,
+        max_step_words: int = MAX_STEP_WORDS,
+    ):
+        from lmserve.rescoring.client import normalisation_name
+
         self.client = client
         self.new_client = client.clone
         self.target = client.target
@@ -462,8 +642,10 @@ class RemoteBackend:
         self.use_stream = stream
         self.cache_states = cache_states
         self.step_timeout = step_timeout
+        self.max_step_words = max_step_words
         self.describe = f"lm-serve at {client.target} (model {info.name!r})"
         self.open_vocabulary = json.loads(info.manifest_json or "{}").get("vocab", {}).get("type") == "subword"
+        self.max_logprob = MAX_LOGPROB if normalisation_name(info.normalisation) == "exact" else None
         self.state_bytes = 0  # the size of a state token, once seen
         self.closed = False
         self._fresh_state()
@@ -502,18 +684,22 @@ class RemoteBackend:
         return [w.word for w in words if not (w.word.startswith("<") and w.word.endswith(">"))]
 
     def step(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
-        # items of more than MAX_CANDIDATES candidates are split into several items of the same state
+        # items of more than MAX_CANDIDATES candidates are split into several items of the same state, and a step
+        # into requests of at most MAX_ITEMS items, max_step_words words (the server refuses more: its
+        # limits.max_step_words) and MAX_STATE_BYTES of state tokens in the answer
+        per_item = max(1, min(MAX_CANDIDATES, self.max_step_words))
         flat = []
         for index, (state, words) in enumerate(items):
-            for start in range(0, len(words), MAX_CANDIDATES):
-                flat.append((index, state.handle, words[start : start + MAX_CANDIDATES]))
+            for start in range(0, len(words), per_item):
+                flat.append((index, state.handle, words[start : start + per_item]))
         out: list[list[Scored]] = [[] for _ in items]
         begin = 0
         while begin < len(flat):
-            end, states = begin, 0
+            end, states, words = begin, 0, 0
             while end < len(flat) and end - begin < MAX_ITEMS:
+                words += len(flat[end][2])
                 states += len(flat[end][2]) if keep else 0
-                if end > begin and states * max(self.state_bytes, 1) > MAX_STATE_BYTES:
+                if end > begin and (words > self.max_step_words or states * max(self.state_bytes, 1) > MAX_STATE_BYTES):
                     break
                 end += 1
             response = self._request([(handle, words) for _, handle, words in flat[begin:end]], keep)
@@ -629,6 +815,7 @@ class NgramBackend:
 
         self.ngram = NgramLM(path)
         self.open_vocabulary = True  # (partial words: the vocabulary of the server, when it was read before)
+        self.max_logprob = MAX_LOGPROB
         self.describe = f"n-gram {path} (fallback)"
 
     def start(self):

@@ -16,11 +16,14 @@ from ``<s>``), a partial word ``unk_score_offset`` (scaled by length past 6 char
 starts with it as written. The word boundary: ``rescoring.decoders``.
 
 pyctcdecode itself asks for one (state, word) at a time. :class:`BatchedBeamSearchDecoderCTC` (what
-:func:`build_ctcdecoder` makes) first gathers every word that a frame's beams complete and scores them in one LM call
-(one LSTM step locally, one request on lm-serve), then lets pyctcdecode's own code run on the filled cache; its
-results are those of the plain decoder with the same LM. That hook is the one private part of pyctcdecode used here:
-it overrides ``_get_lm_beams`` (and reads ``_language_model``) of pyctcdecode 0.5.0, the version ``make setup``
-installs; ``tests/test_decoders.py`` compares its beams with the plain decoder's. The plain
+:func:`build_ctcdecoder` makes) gathers the words that a frame's beams complete and scores them in one LM call (one
+LSTM step locally, one request on lm-serve), leaving out the words of beams that the frame's pruning drops whatever
+their LM scores (their score with the highest word score the LM can give is below the ``beam_width``-th best known,
+or below the best by more than ``beam_prune_logp``), and skips pyctcdecode's pruning by history, which keeps every
+beam when all of the history counts (``order``: infinite); its results are those of the plain decoder with the same
+LM. Those hooks are the private part of pyctcdecode used here: it overrides ``_get_lm_beams`` and
+``_decode_logits`` (and reads ``_language_model``) of pyctcdecode 0.5.0, the version ``make setup`` installs;
+``tests/test_decoders.py`` compares its beams with the plain decoder's. The plain
 ``BeamSearchDecoderCTC(alphabet, lm)`` works too, one call per word. One decoder serves several threads (a remote LM
 steps on a stream per thread), and ``decode_batch`` takes a fork pool (each worker connects anew after the fork;
 pyctcdecode itself decodes in one process when given a spawn pool, since its workers find the LM by inheritance).
@@ -28,7 +31,10 @@ pyctcdecode itself decodes in one process when given a spawn pool, since its wor
 
 from __future__ import annotations
 
+import heapq
+import math
 import sys
+import threading
 from collections.abc import Sequence
 
 from pyctcdecode.alphabet import Alphabet
@@ -84,6 +90,19 @@ class LMServeLanguageModel(AbstractLanguageModel):
         """Score (state, word, is_last_word) triples in one LM call, for :meth:`score` to find."""
         self.lm.score_many([(state, word, last and self.score_boundary) for state, word, last in pairs])
 
+    def score_many(self, pairs: Sequence[tuple[LMState, str, bool]]) -> list[tuple[float, LMState]]:
+        """:meth:`score` of (state, word, is_last_word) triples, in one LM call."""
+        scored = self.lm.score_many([(state, word, last and self.score_boundary) for state, word, last in pairs])
+        return [(self.fused(state), state) for _, state in scored]
+
+    def max_fused(self) -> float | None:
+        """The highest score :meth:`score` can give a word (None: no bound, a model whose scores are not
+        log-probabilities, or a negative ``alpha``)."""
+        top = self.lm.max_logprob
+        if top is None or self.alpha < 0:
+            return None
+        return self.alpha * top + max(self.beta, 0.0) + max(self.unk_score_offset, 0.0)
+
     def fused(self, state: LMState) -> float:
         """What the decoder adds for the word that led to ``state``: beta for a word the LM read, the offset for one
         out of its vocabulary (punctuation alone included: the LM reads nothing of it, the transcript keeps it)."""
@@ -100,19 +119,104 @@ class LMServeLanguageModel(AbstractLanguageModel):
 
 
 class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
-    """pyctcdecode's decoder, the words of each beam step scored in one LM call (module docstring)."""
+    """pyctcdecode's decoder, the words of each beam step scored in one LM call, and only those of beams that can
+    survive the step (module docstring)."""
+
+    _search = threading.local()  # the running search's (beam_width, beam_prune_logp), for _get_lm_beams
+
+    def _decode_logits(self, logits, beam_width, beam_prune_logp, token_min_logp, prune_history, hotword_scorer,
+                       lm_start_state=None):  # fmt: skip
+        if isinstance(self._language_model, LMServeLanguageModel):
+            # pruning by history keeps one beam per (last order - 1 words, partial word, last character): with all of
+            # the history counting (order: infinite) every beam is already alone after pyctcdecode's merge, so the
+            # pruning drops nothing and only costs a split of every beam's text per frame
+            prune_history = False
+            self._search.limits = (beam_width, beam_prune_logp)
+        try:
+            return super()._decode_logits(logits, beam_width, beam_prune_logp, token_min_logp, prune_history,
+                                          hotword_scorer, lm_start_state)  # fmt: skip
+        finally:
+            self._search.limits = None
 
     def _get_lm_beams(self, beams, hotword_scorer, cached_lm_scores, cached_partial_token_scores, is_eos=False):
+        """pyctcdecode's ``_get_lm_beams`` (the same beams, scores and cache entries) with the words of the step
+        scored in one LM call, and none of a beam that the step's pruning would drop whatever its word scores.
+
+        The caller keeps the ``beam_width`` best beams within ``beam_prune_logp`` of the best. A beam whose word is
+        not scored yet has a bound: its score with the highest fused score any word can have (``alpha`` · the
+        LM's highest log-probability + ``beta`` + a positive ``unk_score_offset``; ``max_fused``). A beam whose
+        bound is below the ``beam_width``-th best score known, or below the best known + ``beam_prune_logp``, is
+        dropped unscored: the caller would drop it anyway (strictly below, so ties cannot change its choice), and
+        the beams returned keep their order, so its ``nlargest`` picks the same beams in the same order."""
         language_model = self._language_model
-        if isinstance(language_model, LMServeLanguageModel):
+        if not isinstance(language_model, LMServeLanguageModel):
+            return super()._get_lm_beams(beams, hotword_scorer, cached_lm_scores, cached_partial_token_scores, is_eos)
+        limits = getattr(self._search, "limits", None)
+        partial_score = language_model.score_partial_token
+        hotword = hotword_scorer.score
+        rows = []  # [beam, new_text, lm_score or None, bound]
+        known = []  # the scores of the beams whose words are scored
+        for beam in beams:
+            text, next_word, word_part = beam[0], beam[1], beam[2]
+            new_text = f"{text} {next_word}" if text and next_word else text or next_word
+            partial = 0.0
+            if word_part:
+                partial = cached_partial_token_scores.get(word_part)
+                if partial is None:
+                    if word_part in hotword_scorer:
+                        partial = hotword_scorer.score_partial_token(word_part)
+                    else:
+                        partial = partial_score(word_part)
+                    cached_partial_token_scores[word_part] = partial
+            cached = cached_lm_scores.get((new_text, is_eos))
+            if cached is not None:
+                lm_score = cached[0]
+                if word_part:
+                    lm_score += partial
+                rows.append([beam, new_text, lm_score, 0.0])
+                known.append(beam[6] + lm_score)
+            else:
+                rows.append([beam, new_text, None, partial])
+        pending = [row for row in rows if row[2] is None]
+        if pending:
+            top = language_model.max_fused()
+            cut = -math.inf
+            if limits is not None and top is not None and known:
+                beam_width, prune_logp = limits
+                cut = max(known) + prune_logp
+                if len(known) >= beam_width:
+                    cut = max(cut, heapq.nlargest(beam_width, known)[-1])
             wanted = {}
-            for text, next_word, *_ in beams:
-                key = (joined(text, next_word), is_eos)
-                if key not in cached_lm_scores and key not in wanted:
-                    wanted[key] = (cached_lm_scores[(text, False)][-1], next_word, is_eos)
+            for row in pending:
+                beam, new_text, _, partial = row
+                if cut > -math.inf:
+                    # the arithmetic of the exact score below, with the highest word score: never below it
+                    bound = (cached_lm_scores[(beam[0], False)][1] + top) + hotword(new_text)
+                    if beam[2]:
+                        bound += partial
+                    if beam[6] + bound < cut:
+                        row[2] = False  # dropped unscored
+                        continue
+                key = (new_text, is_eos)
+                if key not in wanted:
+                    wanted[key] = (beam[0], cached_lm_scores[(beam[0], False)][-1], beam[1])
             if wanted:
-                language_model.prefetch(list(wanted.values()))
-        return super()._get_lm_beams(beams, hotword_scorer, cached_lm_scores, cached_partial_token_scores, is_eos)
+                scored = language_model.score_many([(state, word, is_eos) for _, state, word in wanted.values()])
+                for (key, (text, _, _)), (score, end_state) in zip(wanted.items(), scored, strict=True):
+                    raw_lm_score = cached_lm_scores[(text, False)][1] + score
+                    cached_lm_scores[key] = (raw_lm_score + hotword(key[0]), raw_lm_score, end_state)
+        new_beams = []
+        for beam, new_text, lm_score, partial in rows:
+            if lm_score is False:
+                continue
+            if lm_score is None:
+                lm_score = cached_lm_scores[(new_text, is_eos)][0]
+                if beam[2]:
+                    lm_score += partial
+            _, _, word_part, last_char, frame_list, frames, logit_score = beam
+            new_beams.append((new_text, "", word_part, last_char, frame_list, frames, logit_score,
+                              logit_score + lm_score))  # fmt: skip
+        return new_beams
 
 
 def build_ctcdecoder(
