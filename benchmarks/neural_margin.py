@@ -4,6 +4,7 @@ per set, the same recipe for every set, and the figures of its baselines beside 
     make ngram-english_lm
     python -m benchmarks.neural_margin                       # every set; --sets td3 chime4 ... for some
     python -m benchmarks.neural_margin --context             # the same with document context (rescoring.context)
+    python -m benchmarks.neural_margin --transfer            # leave one HyPoradise set out -> transfer_loo.json
 
 Sets and protocols (``lm-rescore evaluate``; the LMs are ``models/english_lm`` and ``var/ngrams/english_lm_4gram.bin``):
 
@@ -21,7 +22,14 @@ worse`` counts the folds where the neural recipe's held-out WER is not above the
 ``S_p_vs_ngram_only`` is the paired bootstrap's share of samples in which the neural recipe is not better. With
 ``--context`` the neural LM reads each document's earlier utterances (their first-pass 1-best) first: documents are
 the list's order (TED-LIUM 3 and WSJ are in talk and session order; CHiME-4 and Switchboard lists carry no document,
-so their context is the list order too) or LibriSpeech's speaker-chapter ids; the result is ``neural_margin_context``.
+so their context is the list order too) or LibriSpeech's speaker-chapter ids; the result is ``neural_margin_context``,
+and ``document_context.json`` sets its TED-LIUM 3 and LibriSpeech figures beside ``neural_margin.json``'s.
+
+``--transfer``: weights that travel. Each of the four HyPoradise sets rescored with the weights tuned on the other
+three (``lm-rescore evaluate --transfer`` with the per-list guard nested, ``--guard 5``: the weights are kept only
+when every tuning set gains on all 5 of its folds, else the first pass stays). ``S_p_worse`` is one minus the paired
+bootstrap's share of samples in which the transfer is not better than the 1-best: at most the share in which it is
+not worse, so a value above 0.05 says the transfer is not significantly worse.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import DATA_DIR, ROOT, write_result
+from benchmarks.common import DATA_DIR, RESULTS, ROOT, write_result
 
 LM = ROOT / "models" / "english_lm"
 NGRAM = ROOT / "var" / "ngrams" / "english_lm_4gram.bin"
@@ -129,14 +137,37 @@ def figures(name: str, result: dict) -> dict:
     }
 
 
+def transfer(args: argparse.Namespace, work: Path) -> dict:
+    """``transfer_loo.json``'s figures: each HyPoradise set with the weights of the other three."""
+    out = work / "transfer.json"
+    lists = [f"{name}={path}" for name, path in HYPORADISE.items()]
+    run([sys.executable, "-m", "lmserve.rescoring", "evaluate", *lists, "--transfer", "--guard", "5",
+         *HYPORADISE_RECIPE, "--metric", "wer", "--lm", str(args.lm), "--ngram", str(args.ngram),
+         "--normalize", "librispeech", *SEARCH, "--threads", str(args.threads), "--no-overlap-check", "--quiet",
+         "--out", str(out), "--cache-dir", str(work / "cache")])  # fmt: skip
+    result = json.loads(out.read_text())["transfer"]["lists"]
+    metrics = {}
+    for name, listed in result.items():
+        metrics[f"{name}_wer_1best"] = listed["systems"]["1best"]["wer"]
+        metrics[f"{name}_wer_transfer"] = listed["systems"]["recipe"]["wer"]
+        metrics[f"{name}_p_worse"] = 1 - listed["bootstrap"]["recipe_vs_1best"]["p_value"]
+    return metrics
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--lm", type=Path, default=LM)
     parser.add_argument("--ngram", type=Path, default=NGRAM)
     parser.add_argument("--context", action="store_true", help="document context (rescoring.context)")
+    parser.add_argument("--transfer", action="store_true", help="leave one HyPoradise set out (transfer_loo.json)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if args.transfer:
+        work = ROOT / "var" / "neural_margin"
+        work.mkdir(parents=True, exist_ok=True)
+        write_result("transfer_loo", transfer(args, work), lm=str(args.lm), ngram=str(args.ngram))
+        return
     name = "neural_margin_context" if args.context else "neural_margin"
     work = ROOT / "var" / name
     work.mkdir(parents=True, exist_ok=True)
@@ -144,6 +175,13 @@ def main() -> None:
     for s in args.sets:
         metrics |= figures(s, evaluate(s, args, work / f"{s}.json"))
     write_result(name, metrics, lm=str(args.lm), ngram=str(args.ngram), context=args.context)
+    if args.context:  # the same sets sentence by sentence: neural_margin.json, measured at this commit
+        sentence = json.loads((RESULTS / "neural_margin.json").read_text())
+        figures_ = {}
+        for s in ("td3", "librispeech_amonly"):
+            figures_[f"{s}_wer_sentence"] = sentence["metrics"].get(f"{s}_wer_neural")
+            figures_[f"{s}_wer_context"] = metrics.get(f"{s}_wer_neural")
+        write_result("document_context", figures_, sentence_commit=sentence["commit"])
 
 
 if __name__ == "__main__":
