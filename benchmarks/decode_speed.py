@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         return run
 
-    def best_beam(decoder):
-        return lambda e: decoder.decode_beams(e, beam_width=args.beam)[0][:2]  # (text, LM state)
+    def best_beam(decoder):  # (text, LM state): the search of decoder.decode (prune_history=True), with the state
+        return lambda e: decoder.decode_beams(e, beam_width=args.beam, prune_history=True)[0][:2]
 
     def best_path(decoder):
         index = {w: i for i, w in enumerate(decoder.lm.words)}
