@@ -27,9 +27,9 @@ and ``document_context.json`` sets its TED-LIUM 3 and LibriSpeech figures beside
 
 ``--transfer``: weights that travel. Each of the four HyPoradise sets rescored with the weights tuned on the other
 three (``lm-rescore evaluate --transfer`` with the per-list guard nested, ``--guard 5``: the weights are kept only
-when every tuning set gains on all 5 of its folds, else the first pass stays). ``S_p_worse`` is one minus the paired
-bootstrap's share of samples in which the transfer is not better than the 1-best: at most the share in which it is
-not worse, so a value above 0.05 says the transfer is not significantly worse.
+when every tuning set gains on all 5 of its folds, else the first pass stays). ``S_p_worse`` is the paired
+bootstrap's share of samples in which the transfer is not worse than the 1-best (``metrics.paired_bootstrap_stats``'
+``p_worse``): below 0.05, the transfer is significantly worse.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def transfer(args: argparse.Namespace, work: Path) -> dict:
     for name, listed in result.items():
         metrics[f"{name}_wer_1best"] = listed["systems"]["1best"]["wer"]
         metrics[f"{name}_wer_transfer"] = listed["systems"]["recipe"]["wer"]
-        metrics[f"{name}_p_worse"] = 1 - listed["bootstrap"]["recipe_vs_1best"]["p_value"]
+        metrics[f"{name}_p_worse"] = listed["bootstrap"]["recipe_vs_1best"]["p_worse"]
     return metrics
 
 

@@ -267,8 +267,10 @@ def paired_bootstrap_stats(
 
     Each sample draws n utterances with replacement, the same draw for both systems, and recomputes both corpus
     scores from the summed statistics. ``p_value`` is the fraction of samples in which B is *not* better than A
-    (a tie counts against B, so identical systems give 1): Koehn's one-sided test of "B is better". sacrebleu's
-    ``--paired-bs`` asks a two-sided question instead (Moses' script) and works on strings, hence this version.
+    (a tie counts against B, so identical systems give 1): Koehn's one-sided test of "B is better". ``p_worse`` is
+    the fraction in which B is *not* worse (a tie counts against "worse", so identical systems give 1 again): the
+    one-sided test of "B is worse than A", e.g. weights carried to a list they were not tuned on against its
+    1-best. sacrebleu's ``--paired-bs`` asks a two-sided question instead (Moses' script) and works on strings, hence this version.
     A draw is a row of counts, so the sums of all samples are one matrix product; 1000 samples of 3000 utterances
     take well under a second, mostly sacrebleu's ``compute_bleu`` per sample.
     """
@@ -284,6 +286,7 @@ def paired_bootstrap_stats(
     scores_a = np.array([score(s) for s in sums_a])
     scores_b = np.array([score(s) for s in sums_b])
     b_better = scores_b > scores_a if HIGHER_IS_BETTER[metric] else scores_b < scores_a
+    b_worse = scores_b < scores_a if HIGHER_IS_BETTER[metric] else scores_b > scores_a
     a, b = score(stats_a.sum(0)), score(stats_b.sum(0))
     return {
         "metric": metric,
@@ -292,6 +295,7 @@ def paired_bootstrap_stats(
         "delta": b - a,
         "delta_ci95": [float(x) for x in np.percentile(scores_b - scores_a, [2.5, 97.5])],
         "p_value": float(1.0 - b_better.mean()),
+        "p_worse": float(1.0 - b_worse.mean()),
         "samples": samples,
         "seed": seed,
         **({} if signature is None else {"signature": f"{signature}|bootstrap:{samples}|seed:{seed}"}),
