@@ -2,7 +2,8 @@
 bundle, its 4-gram on the same vocabulary, LibriSpeech text form), LibriSpeech dev references, a server config for
 it, and the server's CPU time and memory read from /proc.
 
-The model: ``var/bundles/english_lm`` (``--bundle``), ``var/ngrams/english_4gram.bin`` (``--ngram``), normaliser
+The model: the shipped ``models/english_lm`` (``--bundle``), ``var/ngrams/english_lm_4gram.bin`` (``--ngram``, made by
+``make ngram-english_lm``), text normaliser
 preset ``librispeech`` (upper case, punctuation stripped: LibriSpeech's own form), interpolation λ = 0.5 unless a
 benchmark says otherwise. Tests run the same code on the tiny bundles of tests/conftest.py.
 """
@@ -20,8 +21,8 @@ from lmserve.core.bundle import Bundle
 from lmserve.core.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring.nbest import read_nbest
 
-BUNDLE = ROOT / "var" / "bundles" / "english_lm"
-NGRAM = ROOT / "var" / "ngrams" / "english_4gram.bin"
+BUNDLE = ROOT / "models" / "english_lm"
+NGRAM = ROOT / "var" / "ngrams" / "english_lm_4gram.bin"
 NORMALIZE = "librispeech"
 LAMBDA = 0.5
 LABELS = ["", " ", "'", *string.ascii_uppercase]  # CTC labels: blank, word separator, LibriSpeech's characters
