@@ -8,9 +8,9 @@ concurrent calls, the ConfigMap's too; at most 1,024 items, 1,000 candidates an 
 messages; a 64 MB state cache) serves the demo bundle (``make demo``: a 2x128 LSTM, adaptive softmax over PTB's 10k
 words) or, where that is missing, a bundle of the same shape trained here in seconds on generated text
 (var/serve_limits/, kept for the next run). The result has one section of metrics per part of the service; each is
-a function in ``SECTIONS`` that takes the shared :class:`Setup` and returns its metrics and details, so a part is
-measured by adding its function (the decoder clients' part adds ``hung_server_error_s``,
-``shared_decoder_wrong_results``, ``fork_pool_wrong_results``).
+a function in ``SECTIONS`` that takes the shared :class:`Setup` and returns its metrics and details. Section
+``decoder_clients`` (``benchmarks.serve_decoder_clients`` on the shipped English LM) adds ``hung_server_error_s``,
+``shared_decoder_wrong_results`` and ``fork_pool_wrong_results``.
 
 Section ``server`` (:func:`server_section`):
 
@@ -350,8 +350,20 @@ def server_section(setup: Setup) -> tuple[dict, dict]:
     return metrics, details
 
 
+def decoder_clients_section(setup: Setup) -> tuple[dict, dict]:
+    """The decoder clients against a server of the English LM (``benchmarks.serve_decoder_clients``, which also
+    writes its own result): a hung server's error, one remote DecoderLM shared by 8 threads, a fork pool."""
+    from benchmarks import serve_decoder_clients
+
+    result = serve_decoder_clients.main(["--no-write"])
+    return result["metrics"], {k: v for k, v in result.items() if k != "metrics"}
+
+
 # A part of the service measured: its metrics (into the result's "metrics") and details (under its own name).
-SECTIONS: dict[str, Callable[[Setup], tuple[dict, dict]]] = {"server": server_section}
+SECTIONS: dict[str, Callable[[Setup], tuple[dict, dict]]] = {
+    "server": server_section,
+    "decoder_clients": decoder_clients_section,
+}
 
 
 def main() -> None:
