@@ -103,6 +103,7 @@ class Limits:
     max_step_words: int = 16384
     max_message_bytes: int = 16 * 1024 * 1024
     steps_in_flight_mb: int = 64
+    stream_idle_s: float = 300.0  # a stream with no step for this long is closed, its call slot freed
 
 
 @dataclass

@@ -284,6 +284,24 @@ class LMServicer:
         log.exception("internal error", extra={"fields": fields}, exc_info=e)
         return RequestError(grpc.StatusCode.INTERNAL, f"{name}: internal error (the server log has details)")
 
+    async def until_idle(self, requests, fields: dict):
+        """A stream's requests, as long as each comes within ``limits.stream_idle_s`` of the last answer: a decoder
+        that went away without closing its stream (hung, or its host gone) would otherwise hold one of the
+        ``max_concurrent_calls`` slots for good."""
+        idle = self.limits.stream_idle_s
+        while True:
+            try:
+                raw = await asyncio.wait_for(anext(requests), idle)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise RequestError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"request {fields['steps']}: none within {idle:g} s of the last answer (limits.stream_idle_s): "
+                    "the stream is closed; open a new one",
+                ) from None
+            yield raw
+
     def stream_handler(self, name: str, request_class, behaviour: Callable):
         """A bidirectional stream: each request is answered by ``behaviour(request, context, fields)`` in turn, in
         order. One log line (and one count in the metrics) per stream, with its steps and tokens; each step's latency
@@ -301,7 +319,7 @@ class LMServicer:
             error = None
             try:
                 try:
-                    async for raw in requests:
+                    async for raw in self.until_idle(requests, fields):
                         received = time.perf_counter()
                         fields["request_bytes"] += len(raw)
                         try:

@@ -7,6 +7,7 @@ bug of ours, INTERNAL, logged with its traceback. Real servers on free loopback 
 
 import asyncio
 import logging
+import time
 import urllib.request
 
 import grpc
@@ -271,3 +272,24 @@ def _bad_definition() -> pb.RescoreNBestRequest:
     request.combination.weights.update({"am": 1.0})
     request.combination.definitions.append("x = 2*")
     return request
+
+
+def test_a_stream_without_a_step_for_stream_idle_s_is_closed_and_frees_its_call(bundle, tmp_path):
+    """A decoder that stops sending without closing its stream loses it after ``limits.stream_idle_s``."""
+    config = write_config(tmp_path / "serve.toml", bundle, {**LIMITS, "stream_idle_s": 1.0})
+    with ServerProcess(config, tmp_path / "server.log") as server, grpc.insecure_channel(server.address) as channel:
+        stub = LMServiceStub(channel)
+
+        def requests():
+            yield step(1, 2)
+            time.sleep(3)  # idle past the limit
+            yield step(1, 2)
+
+        answers, start = stub.StreamNextWords(requests(), timeout=30), time.perf_counter()
+        next(answers)
+        with pytest.raises(grpc.RpcError) as info:
+            next(answers)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, info.value.details()
+        assert "limits.stream_idle_s" in info.value.details() and time.perf_counter() - start < 2.9
+        assert last_call(server, "StreamNextWords")["code"] == "DEADLINE_EXCEEDED"
+        assert server.stop() == 0
