@@ -5,6 +5,7 @@ per set, the same recipe for every set, and the figures of its baselines beside 
     python -m benchmarks.neural_margin                       # every set; --sets td3 chime4 ... for some
     python -m benchmarks.neural_margin --context             # the same with document context (rescoring.context)
     python -m benchmarks.neural_margin --transfer            # leave one HyPoradise set out -> transfer_loo.json
+    python -m benchmarks.neural_margin --mt                  # WMT22 zh-en and de-en -> mt_lm_margin.json
 
 Sets and protocols (``lm-rescore evaluate``; the LMs are ``models/english_lm`` and ``var/ngrams/english_lm_4gram.bin``):
 
@@ -30,6 +31,13 @@ three (``lm-rescore evaluate --transfer`` with the per-list guard nested, ``--gu
 when every tuning set gains on all 5 of its folds, else the first pass stays). ``S_p_worse`` is the paired
 bootstrap's share of samples in which the transfer is not worse than the 1-best (``metrics.paired_bootstrap_stats``'
 ``p_worse``): below 0.05, the transfer is significantly worse.
+
+``--mt``: the WMT22 k-best lists of every system's output (zh-en, de-en), 5-fold contiguous CV inside each pair: the
+consensus recipe (chrF and BLEU agreement with the other systems, votes, lengths, system indicators) with the LMs
+(``neural``, ``ngram``, ``oov_lm``) against the same without them (``P_*_consensus``: the no-LM baseline), BLEU (tuned)
+with chrF and the length ratio beside it, and the best single system's chrF and length ratio (picked with the
+references: a bar, not a method). The LMs read the translations in their own text form (upper-case words, no
+punctuation): they see neither case nor punctuation.
 """
 
 from __future__ import annotations
@@ -154,6 +162,32 @@ def transfer(args: argparse.Namespace, work: Path) -> dict:
     return metrics
 
 
+MT_RECIPE = [
+    "--features", "consensus_chrf,consensus_bleu,votes,neural,ngram,oov_lm,length,chars,src_ratio,sys_*",
+    "--fixed", "consensus_chrf", "--max-words", "1000",
+]  # fmt: skip
+
+
+def mt(args: argparse.Namespace, work: Path) -> dict:
+    """``mt_lm_margin.json``'s figures: per WMT22 pair, the LM recipe against consensus alone and the best system."""
+    metrics = {}
+    for pair in ("zh-en", "de-en"):
+        out, key = work / f"mt_{pair}.json", pair.replace("-", "_")
+        run([sys.executable, "-m", "lmserve.rescoring", "evaluate", f"{key}={DATA_DIR / 'wmt22-en' / pair}",
+             "--cv", "5", "--metric", "bleu", *MT_RECIPE, "--lm", str(args.lm), "--ngram", str(args.ngram),
+             "--normalize", "librispeech", *SEARCH, "--threads", str(args.threads), "--no-overlap-check", "--quiet",
+             "--out", str(out), "--cache-dir", str(work / "cache")])  # fmt: skip
+        systems = json.loads(out.read_text())["cross_validation"]["lists"][key]["systems"]
+        for name, system in (("consensus", "no_lm"), ("lm", "recipe")):
+            metrics[f"{key}_bleu_{name}"] = systems[system]["bleu"]
+            metrics[f"{key}_chrf_{name}"] = systems[system]["chrf"]
+        metrics[f"{key}_length_ratio"] = systems["recipe"]["length_ratio"]
+        metrics[f"{key}_chrf_best_system"] = systems["best_system"]["chrf"]
+        metrics[f"{key}_length_ratio_best_system"] = systems["best_system"]["length_ratio"]
+        metrics[f"{key}_bleu_best_system"] = systems["best_system"]["bleu"]
+    return metrics
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
@@ -161,8 +195,14 @@ def main() -> None:
     parser.add_argument("--ngram", type=Path, default=NGRAM)
     parser.add_argument("--context", action="store_true", help="document context (rescoring.context)")
     parser.add_argument("--transfer", action="store_true", help="leave one HyPoradise set out (transfer_loo.json)")
+    parser.add_argument("--mt", action="store_true", help="WMT22 zh-en and de-en (mt_lm_margin.json)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if args.mt:
+        work = ROOT / "var" / "neural_margin"
+        work.mkdir(parents=True, exist_ok=True)
+        write_result("mt_lm_margin", mt(args, work), lm=str(args.lm), ngram=str(args.ngram))
+        return
     if args.transfer:
         work = ROOT / "var" / "neural_margin"
         work.mkdir(parents=True, exist_ok=True)
