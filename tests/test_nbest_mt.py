@@ -335,7 +335,7 @@ def test_cli_systems_and_wmt_folder(tmp_path, capsys):
     assert "wmt: bleu " in capsys.readouterr().out
 
     for bad, message in (
-        ([], "one of the arguments list --systems is required"),
+        ([], "one of the arguments LIST --systems is required"),
         ([str(folder), "--systems", *paths], "not allowed with argument"),
         ([str(folder), "--source", str(tmp_path / "src.de")], "src.de without --systems"),  # (command.parse_args)
         (["--systems", *paths, "--format", "wmt"], "--format wmt with --systems"),

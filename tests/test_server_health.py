@@ -126,11 +126,17 @@ def test_four_times_the_limit_of_streams_get_exactly_the_limit_and_health_answer
 
     streams, errors, statuses = asyncio.run(scenario())
     assert len(streams) == LIMIT and len(errors) == 3 * LIMIT
-    assert {code for code, _ in errors} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
-    assert all("(server.max_concurrent_calls)" in details for _, details in errors), errors
+    # a refusal that overtakes the client's own write of its request can reach it as the stream's reset
+    # (INTERNAL, RST_STREAM) instead of the status: the server's count below says each was refused all the same
+    reset = [
+        (code, details) for code, details in errors if code == grpc.StatusCode.INTERNAL and "RST_STREAM" in details
+    ]
+    refused = [(code, details) for code, details in errors if (code, details) not in reset]
+    assert {code for code, _ in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}, errors
+    assert all("(server.max_concurrent_calls)" in details for _, details in refused), errors
     assert statuses == ["SERVING"] * 5 * LIMIT
-    refused = metric_samples(server)['lmserve_calls_refused_total{limit="server.max_concurrent_calls"}']
-    assert refused - before == 3 * LIMIT
+    counted = metric_samples(server)['lmserve_calls_refused_total{limit="server.max_concurrent_calls"}']
+    assert counted - before == 3 * LIMIT
 
 
 def test_each_step_of_a_stream_is_timed_while_the_stream_is_open(server):
