@@ -217,11 +217,12 @@ def main() -> None:
     write_result(name, metrics, lm=str(args.lm), ngram=str(args.ngram), context=args.context)
     if args.context:  # the same sets sentence by sentence: neural_margin.json, measured at this commit
         sentence = json.loads((RESULTS / "neural_margin.json").read_text())
-        figures_ = {}
-        for s in ("td3", "librispeech_amonly"):
-            figures_[f"{s}_wer_sentence"] = sentence["metrics"].get(f"{s}_wer_neural")
-            figures_[f"{s}_wer_context"] = metrics.get(f"{s}_wer_neural")
-        write_result("document_context", figures_, sentence_commit=sentence["commit"])
+        compared = {
+            f"{s}_wer_{mode}": source.get(f"{s}_wer_neural")
+            for s in ("td3", "librispeech_amonly")
+            for mode, source in (("sentence", sentence["metrics"]), ("context", metrics))
+        }
+        write_result("document_context", compared, sentence_commit=sentence["commit"])
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         os.environ.get("LMSERVE_TEST_CONTAINER") != "1",
-        reason="builds and runs the container (root, podman, network, minutes): set LMSERVE_TEST_CONTAINER=1",
+        reason="builds the serving image with podman as root from a Debian mirror (about 10 minutes, more than CI's budget allows beside the suite); run it where podman may run with LMSERVE_TEST_CONTAINER=1 (docs/deployment.md)",
     ),
 ]
 
