@@ -14,7 +14,8 @@ Where documents come from (``--context``):
 
 - ``order``: the list is one document, in list order (a talk's utterances in talk order: TED-LIUM 3, WSJ);
 - ``id``: utterances whose ids share the part before their last ``-`` are one document, in list order
-  (LibriSpeech's ``SPEAKER-CHAPTER-UTTERANCE``: a book chapter).
+  (LibriSpeech's ``SPEAKER-CHAPTER-UTTERANCE``: a book chapter);
+- ``document``: each entry's ``document`` field (JSON Lines lists: any grouping the ids do not show).
 
 A user orders their lists accordingly: the utterances of a document in the order they were spoken, documents
 contiguous or not (``id`` gathers them).
@@ -30,7 +31,7 @@ import numpy as np
 from lmserve.rescoring.nbest import NBestList
 from lmserve.rescoring.scorer import EOS, Scorer, SentenceScore
 
-CONTEXTS = ("order", "id")
+CONTEXTS = ("order", "id", "document")
 
 
 def document_keys(nbest: NBestList, how: str) -> list[str]:
@@ -47,6 +48,14 @@ def document_keys(nbest: NBestList, how: str) -> list[str]:
                 )
             keys.append(entry.id.rsplit("-", 1)[0])
         return keys
+    if how == "document":
+        for entry in nbest.entries:
+            if entry.document is None:
+                raise ValueError(
+                    f"{entry.origin or nbest.name}: no field 'document': --context document takes each utterance's "
+                    'document from it (JSON Lines: "document": "talk-12"); or use --context order or id'
+                )
+        return [entry.document for entry in nbest.entries]
     raise ValueError(f"unknown document context {how!r}; expected one of {', '.join(CONTEXTS)}")
 
 

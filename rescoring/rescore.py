@@ -431,7 +431,7 @@ def reranked(nbest: NBestList, setup: Setup, lm_scores) -> tuple[NBestList, np.n
             h = entry.hypotheses[k]
             added = dict(zip(setup.features, rows[k], strict=True))
             hyps.append(Hypothesis(h.text, {**h.features, **added, RESCORE_FEATURE: totals[k]}, h.rank or k + 1))
-        entries.append(NBestEntry(entry.id, hyps, list(entry.references), entry.source))
+        entries.append(NBestEntry(entry.id, hyps, list(entry.references), entry.source, entry.document))
     return NBestList(entries, nbest.name), metrics.choose(combined)
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from lmserve.core.bundle import Bundle
 from lmserve.rescoring.commands.cli import main as rescore_main
+from lmserve.rescoring.commands.shards import Shard
 from lmserve.rescoring.context import document_keys, score_from_states, states_before
-from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
+from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest
 from lmserve.rescoring.scorer import EOS, Scorer
 from tests.conftest import fit_and_export, tiny_config_text, write_corpus
 
@@ -138,13 +139,30 @@ def test_tune_and_nbest_carry_the_context_through_documents(stream_bundle, tmp_p
     assert wer["ctx"] < wer["plain"], wer
 
 
-def test_context_refuses_shards(stream_bundle, tmp_path, capsys):
-    listed = tmp_path / "l.jsonl"
-    write_topic_list(listed, topic_documents(2, 1), 1)
-    args = ["tune", str(listed), "--metric", "wer", "--lm", str(stream_bundle), "--features", "score,neural"]
-    with pytest.raises(SystemExit) as stop:
-        rescore_main([*args, "--context", "order", "--shard", "1/2", "--out", str(tmp_path / "w.json")])
-    assert stop.value.code == 2 and "--context order with --shard" in capsys.readouterr().err
+def test_sharded_runs_in_context_cut_at_documents_and_merge_into_one_runs_list(stream_bundle, tmp_path, capsys):
+    """Documents from a JSON Lines field; shards cut at their boundaries score exactly what one run scores."""
+    listed, weights = tmp_path / "l.jsonl", tmp_path / "w.json"
+    write_topic_list(listed, topic_documents(7, 4), 2)
+    rows = [json.loads(line) for line in listed.read_text().splitlines()]
+    listed.write_text("".join(json.dumps(r | {"document": r["id"].split("-")[0]}) + "\n" for r in rows))
+    common = ["--features", "score,neural", "--fixed", "score", "--context", "document"]
+    tune = ["tune", str(listed), "--metric", "wer", "--lm", str(stream_bundle), *common]
+    assert rescore_main([*tune, "--out", str(weights)]) == 0
+    assert rescore_main(["nbest", str(listed), "--weights", str(weights), "--out", str(tmp_path / "one.jsonl")]) == 0
+    reports = []
+    for k in (1, 2, 3):
+        reports.append(tmp_path / f"r{k}.json")
+        out = ["--out", str(tmp_path / f"s{k}.jsonl"), "--report", str(reports[-1])]
+        assert rescore_main(["nbest", str(listed), "--weights", str(weights), "--shard", f"{k}/3", *out]) == 0
+        shard = json.loads(reports[-1].read_text())["shard"]
+        assert shard["start"] == 0 or rows[shard["start"]]["id"].endswith("-000")  # a document's first utterance
+    assert rescore_main(["merge", *map(str, reports), "--out", str(tmp_path / "merged.jsonl")]) == 0
+    assert (tmp_path / "merged.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    assert '"document": "doc3"' in (tmp_path / "one.jsonl").read_text()
+    capsys.readouterr()
+    one_document = [*tune[:-2], "--context", "order", "--shard", "1/2", "--out", str(tmp_path / "c.json")]
+    assert rescore_main(one_document) == 2  # the whole list is one document: it cannot be cut
+    assert "1 documents cannot make 2 shards" in capsys.readouterr().err
 
 
 def test_evaluate_with_context_measures_what_the_context_adds(stream_bundle, tmp_path, capsys):
@@ -158,3 +176,26 @@ def test_evaluate_with_context_measures_what_the_context_adds(stream_bundle, tmp
         wer[name] = json.loads(out.read_text())["cross_validation"]["lists"]["topics"]["systems"]["recipe"]["wer"]
     capsys.readouterr()
     assert wer["context"] < wer["sentence"], wer
+
+
+def test_shards_cut_at_the_document_start_nearest_to_an_even_cut():
+    documents = ["a"] * 5 + ["b"] * 2 + ["c"] * 4 + ["d"]  # starts 0, 5, 7, 11 of 12
+    assert [Shard(k, 3).at_documents(documents).bounds(12) for k in (1, 2, 3)] == [(0, 5), (5, 7), (7, 12)]
+    assert Shard(2, 2).bounds(12) == (6, 12)  # without documents: anywhere
+    with pytest.raises(ValueError, match="document 'a' is not contiguous"):
+        Shard(1, 2).at_documents(["a", "b", "a"])
+    with pytest.raises(ValueError, match="2 documents cannot make 3 shards"):
+        Shard(1, 3).at_documents(["a", "a", "b"])
+
+
+def test_documents_from_the_document_field(tmp_path):
+    listed = tmp_path / "l.jsonl"
+    rows = [
+        {"id": "u1", "hypotheses": [{"text": "a"}], "document": "talk-1"},
+        {"id": "u2", "hypotheses": [{"text": "b"}]},
+    ]
+    listed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    nbest = read_nbest(listed)
+    assert nbest.entries[0].document == "talk-1"
+    with pytest.raises(ValueError, match=r"l\.jsonl:2: no field 'document'"):
+        document_keys(nbest, "document")

@@ -89,7 +89,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "--context",
         choices=CONTEXTS,
         help="document context: the neural LM reads each document's earlier utterances (their first-pass 1-best) "
-        "before scoring the next; documents by list order or by utterance id (rescoring.context)",
+        "before scoring the next; documents by list order, by utterance id or by a JSON Lines document field (rescoring.context)",
     )
     p.add_argument("--cv", type=int, help="K-fold cross-validation (default 5 when neither --tune nor --transfer)")
     p.add_argument("--fold-mode", choices=FOLD_MODES, default="contiguous", help="folds (default: %(default)s)")

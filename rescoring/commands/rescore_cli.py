@@ -56,7 +56,7 @@ from lmserve.rescoring.commands.shards import (
     shard_record,
     write_report,
 )
-from lmserve.rescoring.context import CONTEXTS
+from lmserve.rescoring.context import CONTEXTS, document_keys
 from lmserve.rescoring.evaluation import format_lms_added, lm_terms_report, lm_terms_stats, lms_added
 from lmserve.rescoring.features import check_features
 from lmserve.rescoring.liststats import carried_features, compare, list_statistics
@@ -278,8 +278,6 @@ def _list_conflicts(args) -> str | None:
         return f"--device {args.device} with --server: the server's config (server.device) says where its models run"
     if args.server and args.precision != "fp32":
         return f"--precision {args.precision} with --server: the server's config (models.NAME.precision) says how"
-    if args.context and args.shard:
-        return f"--context {args.context} with --shard: a shard would start its documents from a fresh state"
     return precision_conflict(args)
 
 
@@ -327,8 +325,9 @@ def _model_arguments(parser: argparse.ArgumentParser, from_weights: bool = False
         "--context",
         choices=CONTEXTS,
         help="document context: the neural LM reads the earlier utterances of each document (their first-pass "
-        "1-best; nbest rescores again with its own choices) before scoring the next; documents by list order or by "
-        f"utterance id (SPEAKER-CHAPTER-UTT); needs a bundle trained in stream mode (docs/rescoring.md){default}",
+        "1-best; nbest rescores again with its own choices) before scoring the next; documents by list order, by "
+        "utterance id (SPEAKER-CHAPTER-UTT) or by a JSON Lines list's document field; with --shard, shards are cut "
+        f"at document boundaries; needs a bundle trained in stream mode (docs/rescoring.md){default}",
     )
     parser.add_argument("--server-ca", type=Path, help="PEM file of the CA of a TLS server (implies TLS)")
 
@@ -484,7 +483,7 @@ def run_tune(args) -> int:
     models = _language_models(args, {})
     check_normalisation(getattr(models, "normalisation", None), setup, args.allow_unnormalised)
     if shard:
-        return _score_shard(args, models, nbest, shard)
+        return _score_shard(args, models, nbest, _at_documents(shard, nbest, args.context))
     leakage = _overlap_check(args, models, nbest)
     lm_scores = _joined_scores(
         [models.scores(part, cache, progress=not args.quiet) for part, cache in zip(parts, caches, strict=True)]
@@ -546,6 +545,11 @@ def run_tune(args) -> int:
     return 0
 
 
+def _at_documents(shard: Shard | None, whole: NBestList, context: str | None) -> Shard | None:
+    """With document context, the shard cut at document boundaries: it scores what one run scores."""
+    return shard.at_documents(document_keys(whole, context)) if shard and context else shard
+
+
 def _score_shard(args, models, whole: NBestList, shard: Shard) -> int:
     """``tune --shard``: the LM scores of one range of the list, cached with where they lie in the whole list."""
     part = shard.select(whole)
@@ -570,6 +574,7 @@ def run_nbest(args) -> int:
     )
     _check_saved_models(args, saved, args.weights)
     whole = _read_list(args)
+    shard = _at_documents(shard, whole, args.context or saved.get("context"))
     nbest = shard.select(whole) if shard else whole
     if not args.no_metrics:
         references_of(whole, record["metric"])

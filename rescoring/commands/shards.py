@@ -2,7 +2,8 @@
 a Kubernetes indexed Job), and their outputs put back together as exactly what one run writes.
 
 Shard K of N rescores the contiguous range of utterances [⌊(K − 1)·n/N⌋, ⌊K·n/N⌋) of the list's n (sizes differ by
-at most one). Contiguous rather than round-robin: the merged list is the shards' lists one after the other, each
+at most one); with document context (``--context``) each cut moves to the nearest document start, so that a shard
+reads its documents whole and scores exactly what one run scores. Contiguous rather than round-robin: the merged list is the shards' lists one after the other, each
 shard's output is a range of the input that can be read, checked or run again on its own, and neighbouring
 utterances (one speaker, one chapter) stay together. Round-robin would balance a list sorted by length better; the
 decoders' dumps we read are in utterance-id order, where the shards' work is even. Every shard reads the whole list:
@@ -31,6 +32,7 @@ byte for byte).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -54,6 +56,7 @@ _SUMMED = ("references", "reference_words", "short_references", "matched_referen
 class Shard:
     index: int  # 1-based
     count: int
+    starts: tuple[int, ...] = ()  # where documents start, with --context (at_documents); () cuts anywhere
 
     @classmethod
     def parse(cls, text: str) -> Shard:
@@ -74,7 +77,39 @@ class Shard:
         return f"shard-{self.index}-of-{self.count}"
 
     def bounds(self, n: int) -> tuple[int, int]:
-        return (self.index - 1) * n // self.count, self.index * n // self.count
+        return self._cut(self.index - 1, n), self._cut(self.index, n)
+
+    def _cut(self, k: int, n: int) -> int:
+        """Where shard k + 1 starts: ⌊k·n/N⌋, or with documents the document start nearest to it."""
+        target = k * n // self.count
+        if not self.starts or k in (0, self.count):
+            return target
+        return min(self.starts, key=lambda start: (abs(start - target), start))
+
+    def at_documents(self, documents: list[str]) -> Shard:
+        """This shard cut at document boundaries (``documents``: each entry's document, ``rescoring.context``), so
+        that a shard reads every document whole, from its first utterance, as one run does. Each document's entries
+        must be contiguous, and there must be at least one document per shard."""
+        starts, seen = [], set()
+        for i, doc in enumerate(documents):
+            if i and doc == documents[i - 1]:
+                continue
+            if doc in seen:
+                raise ValueError(
+                    f"--shard {self} with --context: document {doc[:80]!r} is not contiguous (again at entry {i + 1}); "
+                    "a shard reads whole documents: put each document's utterances together, in spoken order"
+                )
+            seen.add(doc)
+            starts.append(i)
+        shard = Shard(self.index, self.count, tuple(starts))
+        cuts = [shard._cut(k, len(documents)) for k in range(self.count + 1)]
+        if any(a >= b for a, b in itertools.pairwise(cuts)):
+            raise ValueError(
+                f"--shard {self} with --context: {len(starts)} documents cannot make {self.count} shards of whole "
+                "documents; use fewer shards"
+                + (" or documents by --context id or document" if len(starts) == 1 else "")
+            )
+        return shard
 
     def select(self, nbest: NBestList) -> NBestList:
         """This shard's entries (the list keeps its name: reports name the whole list)."""

@@ -2,9 +2,10 @@
 everything the model does, so round trips are exact:
 
     {"id": "...", "hypotheses": [{"text": "...", "features": {"name": 1.5}, "rank": 1}], "references": ["..."],
-     "source": "..."}
+     "source": "...", "document": "..."}
 
-``rank`` and ``source`` are written only when set; ``features``, ``references`` may be left out when empty.
+``rank``, ``source`` and ``document`` (the talk, chapter or article of the utterance: ``--context document``) are
+written only when set; ``features``, ``references`` may be left out when empty.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def read_entry(item: object, path: Path, lineno: int) -> NBestEntry:
     refs, source = item.get("references", []), item.get("source")
     expect(isinstance(refs, list) and all(isinstance(r, str) for r in refs), "'references'", "a list of strings", refs)
     expect(source is None or isinstance(source, str), "'source'", "a string", source)
-    return NBestEntry(entry_id, hypotheses, refs, source, f"{path}:{lineno}")
+    document = item.get("document")
+    expect(document is None or isinstance(document, str), "'document'", "a string", document)
+    return NBestEntry(entry_id, hypotheses, refs, source, document, f"{path}:{lineno}")
 
 
 def write(nbest: NBestList, path: Path) -> None:
@@ -74,5 +77,7 @@ def write(nbest: NBestList, path: Path) -> None:
         item = {"id": entry.id, "hypotheses": hyps, "references": entry.references}
         if entry.source is not None:
             item["source"] = entry.source
+        if entry.document is not None:
+            item["document"] = entry.document
         lines.append(json.dumps(item, ensure_ascii=False, allow_nan=False) + "\n")
     atomic_write_text(path, "".join(lines))

@@ -27,6 +27,7 @@ class NBestEntry:
     hypotheses: list[Hypothesis]
     references: list[str] = field(default_factory=list)  # 0..n: ASR sets have one, the Joshua MT set four
     source: str | None = None  # the source sentence, for MT
+    document: str | None = None  # the talk, chapter or article it belongs to, where the list says (JSON Lines)
     origin: str | None = field(default=None, compare=False, repr=False)  # "file:line" it was read from
 
 
