@@ -4,15 +4,10 @@
     python -m benchmarks.gpu_scale [--config configs/librispeech_lm_gpu.toml] [--data DIR] [--compare-tokens 4000000]
         [--seconds 330] [--run var/runs/librispeech_lm_gpu]
 
-1. Speed and quality of bf16: the config trained by one process in fp32 (TF32 off, ``training_device``) and in bf16
-   autocast, same seed and batches, at a constant rate for ``--compare-tokens`` tokens; the training tokens/s of each
-   and their validation perplexity after the same tokens.
-2. The LM itself, as a user would train it on one GPU with the multi-GPU command line: ``torchrun
-   --nproc-per-node=1`` (NCCL) in bf16, its token budget the bf16 speed of step 1 times ``--seconds`` (so that the
-   run fits a lease of GPU time), Adam's rate constant for 40% of it and then falling in a straight line to 0. Its
-   tokens/s, validation and test perplexity and wall time are reported; its checkpoints stay in ``--run``.
-
-Needs a CUDA GPU; the data is a prepared dataset (``lm-train prepare``; default: the config's).
+1. fp32 (TF32 off) against bf16 autocast, same seed and batches, ``--compare-tokens`` tokens each: tokens/s and
+   validation perplexity. 2. The LM under ``torchrun --nproc-per-node=1`` (NCCL) in bf16 for about ``--seconds``,
+   Adam's rate constant for 40% of it, then linear to 0; checkpoints stay in ``--run``. Needs a CUDA GPU. Figures:
+   docs/benchmarks/gpu.md ("One GPU").
 """
 
 from __future__ import annotations

@@ -1,42 +1,16 @@
 """The neural scorer on the GPU vs on the CPU of the same machine -> gpu_scorer.json
 
-    python -m benchmarks.gpu_scorer                                       # a machine with an NVIDIA GPU (below)
+    python -m benchmarks.gpu_scorer                                       # a machine with an NVIDIA GPU
     python -m benchmarks.gpu_scorer --device cpu --lists 20 --steps 20 --results /tmp/gpu_scorer   # smoke test
 
-Two measurements, each of a scorer on ``--device`` (cuda) beside the same bundle's scorer on the CPU:
-
-- ``gpu_lists_per_s``, ``cpu_lists_per_s``: LibriSpeech dev_other 30-best lists (the first ``--lists`` of them) through
-  ``Scorer.score_nbest`` (prefix-shared ``step`` runs and ``sentences`` tails), ``--lists-per-call`` lists a call, the
-  neural LM only; the two scorers take turns, ``--rounds`` rounds (``benchmarks.common.time_interleaved``), medians.
-  The lists are read in the bundle's own text form unless ``--normalize`` names a preset, and the run stops when
-  more than a fifth of their words are unknown to the bundle (``unknown_share``): text in the wrong form times
-  nothing real. Then ``graph_time`` (the share inside onnxruntime) and ``op_profile`` (onnxruntime's profiler).
-  With ``--device cuda`` a third scorer takes its turns: the GPU in float16 (``precision="fp16"``,
-  ``rescoring.precision``), ``gpu_fp16_lists_per_s``; each GPU scorer's scores of the lists are compared with the
-  CPU's (``parity``): ``gpu_token_max_abs_diff`` and ``fp16_token_max_abs_diff`` (the fp16 bound), sentence
-  differences, and how often the neural LM alone picks the same best hypothesis of a list (``fp16_lm_best_agreement``).
-  ``gpu_lists_per_s`` is the faster of the GPU's precisions whose token scores are within that precision's bound of
-  the CPU's (``rescoring.precision.TOKEN_BOUND``: 1e-4 for fp32, 0.05 nats for fp16; ``gpu_precision`` names it,
-  ``gpu_within_bound`` false if neither is), ``gpu_fp32_lists_per_s`` the fp32 scorer's;
-- ``next_words_p99_ms``: a batched decoder step on ``--device``: beam ``--beam`` x ``--decoders`` decoders, every
-  hypothesis' state in one ``step`` run (what lm-serve's ScoreNextWordsBatch gives a step when the server merges the
-  decoders' calls; gRPC, the n-gram and the state tokens are left out: they are CPU work whatever the device), one
-  candidate each, every hypothesis going on from its own output state as ``benchmarks.beam_step_load``'s walks do.
-  So the states stay on the device between steps (``next_word_scores(device_states=True)``, onnxruntime's IO
-  binding); ``host_states_p99_ms`` copies them to numpy and back each step, as the server's batches of states of many
-  decoders must, ``fp16_next_words_p99_ms`` is the fp16 scorer's step (states on the device) and
-  ``cpu_next_words_p99_ms`` the CPU scorer's. Percentiles as ``benchmarks.decoding``'s.
-
-What must be true on the machine for ``--device cuda`` (the default):
-
-- onnxruntime-gpu in place of onnxruntime (``pip uninstall -y onnxruntime && pip install 'lmserve[gpu]'``), with the
-  CUDA and cuDNN libraries that onnxruntime-gpu version was built for: ``CUDAExecutionProvider`` must be in
-  ``onnxruntime.get_available_providers()`` and a session must keep it (the scorer checks both and stops at once,
-  saying which failed); with the CUDA libraries of torch's ``nvidia-*`` wheels, their ``lib`` folders on
-  ``LD_LIBRARY_PATH`` before Python starts (docs/bundles.md, "GPU scoring");
-- torch (``benchmarks.common.write_result`` records the machine, the GPU's name through torch) and ``nvidia-smi``;
-- the bundle (``--bundle``, default ``var/bundles/demo``, 23 MB: carry it) and the lists (``--list``, default the
-  shared ``librispeech-nbest/dev_other.tar.gz``, 5.5 MB: copy it into the tree and pass ``--list``).
+Two measurements, each of a scorer on ``--device`` beside the same bundle's scorer on the CPU, taking turns
+(``benchmarks.common.time_interleaved``): ``gpu_lists_per_s`` (dev_other 30-best lists through ``Scorer.score_nbest``;
+with cuda, fp32 and fp16, the faster of those within ``rescoring.precision.TOKEN_BOUND`` of the CPU's scores, with
+the ``parity`` of each and onnxruntime's ``op_profile``; the run stops when more than a fifth of the words are
+unknown to the bundle) and ``next_words_p99_ms`` (a batched decoder step, beam ``--beam`` x ``--decoders``, states
+kept on the device; ``host_states_p99_ms`` copies them to numpy and back each step). The machine needs
+onnxruntime-gpu with its CUDA libraries (docs/bundles.md, "GPU scoring"), torch, the bundle (``--bundle``) and the
+lists (``--list``). Figures and the full description: docs/benchmarks/scorer.md ("The scorer on a GPU").
 """
 
 from __future__ import annotations

@@ -4,21 +4,12 @@
     python -m benchmarks.gpu_step [--data PREPARED] [--steps 40] [--rounds 3] [--results DIR]
     python -m benchmarks.gpu_step --device cpu --tiny --results /tmp/gpu_step   # a smoke test without a GPU
 
-The model is configs/librispeech_lm_gpu.toml's: 2x1024 LSTM, 50k-word adaptive softmax, batches of 512 sentences of at
-most 80 words, bf16 autocast, Adam. Its batches come from ``--data`` (a prepared dataset with a 50k vocabulary), or by
-default from text made here in the same shapes, since a GPU lease carries little data: sentence lengths from a gamma
-distribution of mean 20 (about 11k tokens a batch, as LibriSpeech's), words drawn from a Zipf law over 50k word types
-(72% of the tokens in the 2,000-word shortlist, fewer than English text: the tail clusters get more work than with
-real text, not less). ``--tiny`` shrinks the model, vocabulary and batch for the smoke test.
-
-Every step kind trains the same batches from the same initial weights: once over all of them first (compilation and
-the captures of every shape happen there, timed as ``first_pass_s``), then timed in turns with the others
-(benchmarks.common.time_interleaved) for tokens/s, and once more under torch.profiler for how busy the GPU was: the
-time at least one kernel ran (benchmarks.step_profile's ``busy_ms`` over its ``kernels``) over the unprofiled wall
-time of the same steps, with each row's kernel time per step and its top kernels. ``bf16_tokens_per_s`` and
-``gpu_busy`` are the fastest new step's. The batches are routed all at once, before the first pass; each new step's
-row says how many graphs it captured inside the timed rounds (``captures_timed``: 0 when the first pass met every
-shape, as training/fast_step.py's widening makes it).
+The model is configs/librispeech_lm_gpu.toml's; its batches come from ``--data`` or, by default, from Zipf text made
+here in the same shapes (a GPU lease carries little data). Every step kind trains the same batches from the same
+weights: once first (compilation and captures, ``first_pass_s``), then in turns with the others for tokens/s
+(benchmarks.common.time_interleaved), then under torch.profiler for how busy the GPU was (benchmarks.step_profile's
+``busy_ms``). ``captures_timed``: graphs captured inside the timed rounds. Figures: docs/benchmarks/gpu.md ("The
+training step without launch stalls").
 """
 
 from __future__ import annotations

@@ -3,15 +3,9 @@
     make demo    # var/bundles/demo, var/ngrams/demo_3gram.bin, var/rescore/demo.weights.json and the LM score cache
     python -m benchmarks.html_report [--screenshots docs]
 
-The rescoring itself (LM scores from the cache ``lm-rescore nbest`` left, features, reranking, the report with its
-paired bootstrap, the leakage check against the bundle's training text) is done once; what is timed is what ``--html`` adds: ``rescoring.report_html.write_html`` (two jiwer
-alignments per utterance, confusion pairs, lengths, every hypothesis with its features as JSON, the atomic write),
-best and median of 3 runs. Target: at most 5 s for dev_other's 2,864 utterances.
-
-``--screenshots DIR`` renders the page with headless Chromium (Debian's ``chromium``) once per filter, each
-pre-selected in the URL (``#filter=worsened&open=1``: the first utterance of the filter opened), and writes
-``DIR/html_report_FILTER.png`` (for ``changed`` with the opened utterance's hypotheses and features shown too); look
-at them before trusting the page.
+The rescoring is done once; what is timed is what ``--html`` adds (``rescoring.report_html.write_html``), best and
+median of 3 runs. ``--screenshots DIR`` renders the page with headless Chromium once per filter
+(``DIR/html_report_FILTER.png``). Figures: docs/benchmarks/rescoring.md ("HTML error analysis of dev_other").
 """
 
 from __future__ import annotations

@@ -2,15 +2,10 @@
 
     python -m benchmarks.objectives ptb --jobs 2 [--tables objectives,beta_nce] [--speed]
 
-The rows are in configs/<set>_objectives.rows.toml: each trains configs/<set>_objectives.toml (or the rows file's
-``config``, with its ``set`` overrides first) with its overrides in
-its own one-thread ``lm-train fit`` process, ``--jobs`` at a time, resumably. Evaluation is the trainer's exact one
-(full normalisation) for every row. A table's result file is rewritten each time one of its rows finishes, so a
-sweep cut short leaves the rows it has, with ``complete: false``.
-
-Each run's own tokens/s (``run_tokens_per_s``) depends on what ran beside it. With ``--speed``, once the runs are
-done, every row's training step is also timed side by side on the same batches (benchmarks.training_speed), and
-``tokens_per_s`` is that figure; without it, ``tokens_per_s`` is the run's.
+The rows are in configs/<set>_objectives.rows.toml, each trained in its own one-thread ``lm-train fit`` process,
+``--jobs`` at a time, resumably, and evaluated exactly; a table's file is rewritten as each row finishes
+(``complete: false`` until all have). ``--speed``: ``tokens_per_s`` from every row's step timed side by side on the
+same batches (benchmarks.training_speed), else the run's own (``run_tokens_per_s``).
 """
 
 from __future__ import annotations

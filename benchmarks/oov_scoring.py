@@ -3,22 +3,11 @@
     python -m benchmarks.oov_scoring --jobs 2   # about 10 minutes after output_layers_v2, 30 without (2 idle cores)
     python -m benchmarks.oov_scoring --tiny --results /tmp/oov   # a smoke test, under a minute
 
-Two CNN-softmax models (issue 33: output vectors from a char-CNN plus a 32-dimensional correction), each trained on a
-fixed budget by target sampling, as benchmarks/output_layers_v2.py trains its ``cnnsoftmax`` row:
-
-- for the WSJ dev 5-best references (HyPoradise), the PTB model (configs/ptb_objectives.toml, ``--ptb-tokens`` of
-  one epoch, 10,000 words); the references go through the ``ptb`` preset;
-- for the LibriSpeech dev_other 30-best references, the Gutenberg model of output_layers_v2 (the same run folder and
-  settings: a run that benchmark finished is not trained again; 50,000 words); the ``librispeech`` preset.
-
-Each is exported with exact (normalised) graphs (``lm-train export --exact``) and the references are scored by the
-torch-free scorer twice: as always, every word outside the vocabulary as <unk> (``*_ppl_unk``: <unk>'s probability
-counts, as the other perplexity tables count it), and with ``open_vocab`` (``*_ppl_all_words``): each such word
-costs its own log-probability, the softmax over the vocabulary with the word in <unk>'s place, its output vector
-computed from its spelling (``core.bundle``, ``sentences_open``). Perplexities are per word, ``</s>`` included;
-``*_ppl_known_words`` leaves the unknown words' positions out (the same for both, since only those positions
-change). The models are far from converged (a short budget): the figures compare the two ways of counting unknown
-words on one model, not models.
+Two CNN-softmax models trained by target sampling, as output_layers_v2's ``cnnsoftmax`` row: PTB's for the WSJ dev
+5-best references, output_layers_v2's Gutenberg run for LibriSpeech dev_other's. Each is exported exact and scores
+the references twice: unknown words as <unk> (``*_ppl_unk``) and with ``open_vocab`` (``*_ppl_all_words``: each
+unknown word's output vector from its spelling); ``*_ppl_known_words`` leaves their positions out. Figures:
+docs/benchmarks/output-layers.md ("Open-vocabulary scores from the character model").
 """
 
 from __future__ import annotations

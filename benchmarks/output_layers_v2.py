@@ -1,55 +1,15 @@
 """Issue 33's output layers and estimators beside the full softmax, Gutenberg V = 50k -> output_layers_v2.json
 
     python -m benchmarks.output_layers_v2 --jobs 2   # the issue's 8 rows, 1M tokens each: about 2 h on 2 idle cores
-    python -m benchmarks.output_layers_v2 --all --tokens 120000 --jobs 2   # every output layer and estimator of the
-        # project (16 rows) on 120k tokens each -> output_layers_v2_120k.json, about 25 minutes (40 on busy cores)
+    python -m benchmarks.output_layers_v2 --all --tokens 120000 --jobs 2   # all 16 rows -> output_layers_v2_120k.json
     python -m benchmarks.output_layers_v2 --tiny --jobs 2 --results /tmp/ol2   # a smoke test, 1-3 minutes
 
-(The estimates add up the rows' speeds timed here: the full softmax about 300-700 tokens/s in its run, cnnsoftmax
-about 1,000-1,500, the other rows 1,000-5,000, with two jobs side by side; the k-means of slim-clustered, a minute;
-evaluations, process starts and the speed rounds, about 5 minutes; exports and scorer rounds, about 5 minutes: 7-21 s
-an export on a loaded machine.) A budget other than the default 1M tokens gets runs and a result file of its own
-(``_120k``); all budgets share the data.
-
-Every row trains configs/gutenberg_objectives.toml, the settings of the Gutenberg objectives tables (the 2x200 LSTM
-in sentence mode, a 50,000-word vocabulary of the prepared Gutenberg books, SGD at lr 1, batches of 20 sentences,
-output biases at the log unigram), with its own overrides, in its own one-thread ``lm-train fit`` process, ``--jobs``
-at a time, resumably (a finished run is not trained again). To fit the CPU time of a shared 2-core machine, and unlike
-those tables' 2M tokens, every row trains on the same budget, ``--tokens`` (1,000,000 by default: the full
-softmax takes about 25 minutes of it; at 120,000 the ratios are those of barely started models), and is evaluated
-on the first ``--eval-sentences`` sentences of the validation and test books (a prepared dataset of its own,
-var/output_layers_v2/data): the models are far from converged and the perplexities are those of an early stage of
-training, compared like with like. The rows:
-
-- ``full-ce``: the reference, full softmax with cross-entropy;
-- ``dsoftmax``: differentiated softmax, bands at 2,000 and 10,000 words of widths 128, 48, 24 (disjoint segments of
-  the 200-dimensional state, as Chen et al.); ``--rows dsoftmax-nested`` adds widths 200, 64, 32 over nested prefixes;
-- ``target-sampling``: full softmax trained by target sampling, the batch's targets and 1,000 draws from the
-  unigram^0.5 mixed with 10% uniform (the proposal of the tables' ``full-is`` row);
-- ``fixed-is`` and ``adaptive-is``: importance sampling with the target's exact term, 1,000 samples from that fixed
-  proposal, and the same with the proposal adapted towards the model's unigram (``objective.adapt_rate`` 0.02);
-- ``cnnsoftmax``: CNN-softmax with a 32-dimensional correction (200 char-CNN filters over widths 1-5), trained by
-  target sampling as the ``target-sampling`` row (exactly, it would run the CNN over 50k words every step: about 5x
-  slower than the full softmax here); ``--rows cnnsoftmax-is`` adds it trained by the ``fixed-is`` estimator, as
-  Jozefowicz et al. trained it (1M tokens, output_layers_v2_1000k.json at 9301821: test ppl 481.2, the full
-  softmax's 386.8);
-- ``slim-random`` and ``slim-clustered``: slim output vectors at 10% of the full matrix (K = 4 sub-vectors, 5,000 per
-  position), their sub-vectors assigned at random or by k-means of ``full-ce``'s trained output vectors; both trained
-  by the ``fixed-is`` estimator (exactly, a slim step costs more than the full softmax's on a CPU);
-- with ``--all``, the older output layers and estimators, with the settings of their rows in the Gutenberg
-  objectives table (configs/gutenberg_objectives.rows.toml, read from there): ``adaptive-ce``, ``class-ce``,
-  ``tree-ce`` and the full softmax trained by ``full-is``, ``full-nce``, ``full-ns``, ``full-blackout`` and
-  ``full-beta-nce``. That table
-  trained them on 2M tokens; here they train on this benchmark's budget, so that one table holds every output layer
-  and estimator of the project, measured the same way.
-
-Evaluation is exact for every row (the full normalised distribution). Perplexity ratios are test perplexities over
-``full-ce``'s of the same run. Speeds: once the runs are done, every row's training step is timed side by side on the
-same batches (benchmarks.training_speed, ``--speed-steps`` x ``--speed-rounds``; slim-clustered is slim-random's
-computation and is not timed again); ``*_speedup`` is a row's tokens/s over ``full-ce``'s. ``output_params`` counts the
-output layer's parameters (the head's: CNN, projections, corrections and biases for cnnsoftmax). ``export_s`` and
-``scorer_tokens_per_s``: each run exported to a bundle, one after the other, and the torch-free scorer's speed on the
-test sentences, one thread, the rows taking turns ``--speed-rounds`` times (benchmarks.export_and_score).
+Every row trains configs/gutenberg_objectives.toml with its own overrides (``ROWS``; ``--all`` adds the older rows of
+configs/gutenberg_objectives.rows.toml) in its own one-thread ``lm-train fit`` process, ``--jobs`` at a time,
+resumably, on the same ``--tokens`` budget, and is evaluated exactly on the first ``--eval-sentences`` validation and
+test sentences. Ratios are over ``full-ce``'s of the same run; speeds are timed side by side on the same batches
+(benchmarks.training_speed), exports and scorer speed by benchmarks.export_and_score. The rows, the settings and the
+figures: docs/benchmarks/output-layers.md ("The seeds' remaining output layers").
 """
 
 from __future__ import annotations

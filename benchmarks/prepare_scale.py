@@ -2,15 +2,9 @@
 
     python -m benchmarks.prepare_scale [--synthetic-tokens 1000000000] [--workers 2]
 
-1. gutenberg-large (80M words of books, made LibriSpeech-like by ``lm-train prepare-gutenberg`` into
-   var/gutenberg-large, which is done first when missing): ``lm-train prepare --text-dir var/gutenberg-large
-   --max-size 100000 --workers 2``.
-2. A synthetic corpus of ``--synthetic-tokens`` tokens drawn from a Zipf law (exponent 1.2) over a million word types,
-   sentence lengths geometric with mean 20, written to a temporary folder outside the repository (deleted after) and
-   prepared the same way (vocabulary cut to 100,000 words, so its ids are uint32).
-
-Each ``prepare`` runs in its own process; the resident memory of it and its worker processes together is sampled
-every 50 ms (benchmarks.common.run_measured), so the peak counts every process of the job.
+Prepares gutenberg-large (var/gutenberg-large, made first when missing) and a Zipf corpus of ``--synthetic-tokens``
+tokens written outside the repository (deleted after), each in its own process, its peak memory with its workers'
+sampled every 50 ms (benchmarks.common.run_measured). Figures: docs/benchmarks/training-at-scale.md.
 """
 
 from __future__ import annotations

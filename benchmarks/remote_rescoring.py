@@ -3,18 +3,10 @@
 
     python -m benchmarks.remote_rescoring [--rounds 3] [--limit N]
 
-The demo pair that ``make demo`` builds (var/bundles/demo, var/ngrams/demo_3gram.bin) and its dev_clean weights
-(var/rescore/demo.weights.json: ``score``, ``interp`` at λ 0.5 with PTB text normalisation, ``length``). Each case is
-one whole ``lm-rescore nbest`` process, timed from its start to its exit: reading the list, the LM features, the
-reranking, writing the list and the report. Offline, it loads the models itself (ONNX Runtime on every core,
-``--threads 0``) and writes its score cache, as it always does; through the fleet it keeps ``--concurrency`` calls of
-``--lists-per-call`` lists in flight over 1 or 2 replicas and writes no cache (the servers send sums, not token
-scores). ``--no-overlap-check`` everywhere: a run through servers has no bundle whose training text it could check.
-
-The replicas (``lm-serve serve`` processes on free loopback ports, started once for all rounds) run ``workers``
-scorer calls at once, of 1 ONNX Runtime thread each, with micro-batching on; the machine has 2 cores for the
-replicas and the client together. The cases take turns round after round; figures are medians over the rounds.
-Every run's list must be the offline one byte for byte (``identical_all``).
+``make demo``'s pair and dev_clean weights. Each case is one whole ``lm-rescore nbest`` process, start to exit:
+offline on every core, or through 1 or 2 replicas (started once, ``workers`` calls of 1 thread each, batching on)
+with ``--concurrency`` calls in flight. The cases take turns; figures are medians over the rounds, and every run's
+list must be the offline one byte for byte (``identical_all``). Figures: docs/benchmarks/rescoring-at-scale.md.
 """
 
 from __future__ import annotations

@@ -2,22 +2,11 @@
 
     python -m benchmarks.rescore_robustness
 
-Every case has a test in tests/test_bad_inputs.py; this counts them over every list format at once:
-
-- every format's list, and a references file, with a UTF-8 byte-order mark before the text, read against the same
-  without it (``bom_cases``; counted: a list that differs or an error, ``bom_wrong_results``, target 0);
-- a WMT folder in which one system's file is a broken link, a folder or a link to a folder (counted: lists read from
-  the other systems, ``dropped_system_files``, target 0);
-- ``lm-train fit --init-from`` a file, a checkpoint cut short, of other shapes (wider, fewer words), with a garbled
-  config or without its vocabulary (counted: tracebacks, ``initfrom_tracebacks``, and run folders left, target 0);
-- the other bad input of lm-rescore (a ``.gz`` cut short or not gzip, the leakage guard without references, an n-gram
-  of another text form or a model as ``--heldout`` to ``ngram mix``, a third of the lists in another text form, an id
-  of 16 KB): each must end in one line naming the file or flag, exit 2, the inputs as they were and no output
-  (``bad_input_failures``, target 0).
-
-The reader fuzzing, kill -9 runs, output clashes and word spacing this script also measured once are tests now
-(tests/test_nbest_fuzz.py, test_rescore_robustness.py, test_outputs.py, test_words.py); their figures stay in the
-result files of earlier commits.
+Counts, over every list format at once, the cases of tests/test_bad_inputs.py: lists and references with a UTF-8
+byte-order mark (``bom_wrong_results``), a WMT system file that is a broken link or a folder
+(``dropped_system_files``), ``lm-train fit --init-from`` a bad checkpoint (``initfrom_tracebacks``, run folders left),
+and other bad input that must end in one line naming the file or flag, exit 2, inputs unchanged and no output
+(``bad_input_failures``); every target is 0. Figures: docs/benchmarks/robustness.md.
 """
 
 from __future__ import annotations

@@ -3,27 +3,14 @@ load of streams -> serve_limits.json
 
     python -m benchmarks.serve_limits [--bundle var/bundles/demo] [--streams 64] [--only server] [--results DIR]
 
-A real ``lm-serve serve`` (``server.process.ServerProcess``) with the default ``[server]`` and ``[limits]`` (64
-concurrent calls, the ConfigMap's too; at most 1,024 items, 1,000 candidates an item and 16,384 words a step; 16 MiB
-messages; a 64 MB state cache) serves the demo bundle (``make demo``: a 2x128 LSTM, adaptive softmax over PTB's 10k
-words) or, where that is missing, a bundle of the same shape trained here in seconds on generated text
-(var/serve_limits/, kept for the next run). The result has one section of metrics per part of the service; each is
-a function in ``SECTIONS`` that takes the shared :class:`Setup` and returns its metrics and details. Section
-``decoder_clients`` (``benchmarks.serve_decoder_clients`` on the shipped English LM) adds ``hung_server_error_s``,
-``shared_decoder_wrong_results`` and ``fork_pool_wrong_results``.
-
-Section ``server`` (:func:`server_section`):
-
-- ``worst_call_peak_rss_mb``: the server's peak RSS (VmHWM: loading included) after the worst single calls the
-  defaults allow, one of each kind of decoder step: scores only (max_step_words words), state tokens (as many words
-  as an answer of at most max_message_bytes holds) and cached states (as many as the state cache holds); the sizes
-  are found by asking the server (it refuses a larger step before any work). The issue's call, 1,024 x 1,000, is
-  sent first and must be refused (``issue_call_refused``).
-- ``streams_peak_rss_mb``: the peak after ``--streams`` StreamNextWords streams (the concurrency limit) each send the
-  worst of those steps ``--rounds`` times at once.
-- ``health_failures_at_max_streams``: health checks (service "", liveness) that failed or were not SERVING while the
-  streams were open and stepping, and while 4 x ``--streams`` more streams were attempted at once (all beyond the
-  limit are refused; ``streams_refused_of_attempted``).
+A real ``lm-serve serve`` (``server.process.ServerProcess``) with the default ``[server]`` and ``[limits]`` serves the
+demo bundle (``make demo``) or, where that is missing, a bundle of the same shape trained here in seconds
+(var/serve_limits/). One section of metrics per part of the service, each a function in ``SECTIONS`` taking the
+shared :class:`Setup`: ``server`` (:func:`server_section`: the peak RSS after the worst single call of each kind the
+limits allow, sizes found by asking the server; the same step sent by ``--streams`` streams at once; health checks
+failed meanwhile and while 4 x ``--streams`` more are attempted) and ``decoder_clients``
+(``benchmarks.serve_decoder_clients`` on the shipped English LM). Figures: docs/benchmarks/serving.md ("Limits,
+health and decoder clients under load").
 """
 
 from __future__ import annotations

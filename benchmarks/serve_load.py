@@ -2,32 +2,13 @@
 
     python -m benchmarks.serve_load [--quick] [--rounds 3] [--precision int8|fp32]
 
-The LibriSpeech rescoring model (Gutenberg 2x256 adaptive bundle, 4-gram, the weights tuned on dev_clean) served by
-``lm-serve`` in a child process with 2 scoring processes (``engine = "processes"``, ``server.engine``) of 1 ONNX
-Runtime thread each, on loopback: the configuration for a loaded service on a multi-core machine. The load generator
-(``benchmarks.serve_harness``) replays dev_other 30-best lists as RescoreNBest calls (one list a call) and PTB test
-sentences as ScoreSentences calls (one sentence a call), closed-loop at concurrency 1, 8 and 32.
-
-Concurrency 32 runs in rounds that take turns, so that the ratios stay fair when other work on the machine comes and
-goes: per round, the same slice of lists goes (a) through the offline scorer, (b) to the server with batching on,
-(c) to an identical server with batching off, (d) to a server whose 2 scoring workers are threads of its own process
-(``engine = "threads"``, the config's default: ``threads_*``), (e) to two replicas of 1 scoring thread each
-(``lm-serve serve --replicas 2``), the calls taking turns between them (gRPC round-robin over one channel). The offline scorer is the
-same work without gRPC (``rescoring.lmscores.compute`` and the weights' choice) in this process, on as many threads
-as the server scores with (2, of 1 intra-op thread each), 64 lists per compute call (its default). Figures at 32 are medians over the rounds
-(latency percentiles over all their calls); ``c32_vs_offline`` and ``batching_speedup_c32`` are ratios of medians.
-The threads server shows what one process leaves on the table: its threads hold the GIL for much of each call
-(py-spy at concurrency 32: 60% of the time), so it uses about 1.4 of 2 cores. It is also timed at concurrency 1
-(``threads_c1_*``), where it answers sooner: a call to the processes server crosses a process boundary twice.
-``--precision`` picks the bundle served and scored offline: ``int8`` (default, the rescoring model as served) or
-``fp32``.
-
-``engine_alone_*``: the concurrency-1 lists scored one at a time in this process (compute and reranking, no gRPC),
-so that the service's own share of the concurrency-1 latency can be read off.
-
-The load generator shares the machine's cores with the server (2 on the reference machine), as a co-located decoder
-would; it pre-serialises requests and does not parse responses to take as little of them as it can. The machine's
-load average before and after is recorded: other people's jobs make every figure here smaller.
+The LibriSpeech rescoring model (Gutenberg 2x256 adaptive bundle, 4-gram, weights tuned on dev_clean) served by
+``lm-serve`` with 2 scoring processes of 1 thread each; the load generator (``benchmarks.serve_harness``) replays
+dev_other 30-best lists as RescoreNBest calls and PTB test sentences as ScoreSentences calls, closed-loop at
+concurrency 1, 8 and 32. At 32, rounds take turns between the offline scorer (the same work without gRPC, as many
+threads), the server with batching on and off, a threads engine (``threads_*``) and ``--replicas 2``; figures at 32
+are medians over the rounds. ``engine_alone_*``: the concurrency-1 lists scored in this process, no gRPC. The
+machine's load average before and after is recorded. Figures: docs/benchmarks/serving.md ("Throughput and latency").
 """
 
 from __future__ import annotations

@@ -2,21 +2,12 @@
 
     python -m benchmarks.serve_soak [--minutes 10] [--engine processes|threads]
 
-The LibriSpeech rescoring server of ``serve_load`` (2 scoring processes of 1 ONNX Runtime thread, batching on; with
-``--engine threads``, 2 scoring threads of its own process -> serve_soak_threads.json) gets
-32 closed-loop callers: 22 replaying dev_other 30-best lists (RescoreNBest), 6 PTB test sentences (ScoreSentences,
-8 a call) and 4 decoders stepping through dev_other transcripts (ScoreNextWords, 8 candidates, each step carrying the
-state of the last). Meanwhile:
-
-- the server's RSS (with its scoring processes') is sampled every 5 s; growth is the median of the last minute
-  before the shutdown against the median of the minute after a 1-minute warm-up;
-- at 40% of the time the models are reloaded by ``Admin.ReloadModels``, at 70% by SIGHUP; a call that was in flight
-  during a reload (started before it ended, ended after it started) and failed counts in ``failed_inflight_on_reload``;
-- at the end, SIGTERM while the callers go on: calls the server had accepted must still be answered
-  (``failed_inflight_on_shutdown`` counts the server's log lines after "stopping" with another code than OK); calls
-  refused because the port is closing are expected and counted apart; the server must exit with 0.
-
-``errors`` counts every failed call before the shutdown.
+``serve_load``'s server (``--engine threads`` -> serve_soak_threads.json) gets 32 closed-loop callers (RescoreNBest,
+ScoreSentences and decoders stepping ScoreNextWords with their states). Its RSS is sampled every 5 s (growth: the
+last minute's median against the minute after a 1-minute warm-up); the models are reloaded at 40% of the time by
+``Admin.ReloadModels`` and at 70% by SIGHUP (``failed_inflight_on_reload``); at the end SIGTERM under load: accepted
+calls must be answered (``failed_inflight_on_shutdown``) and the server exit 0. ``errors``: failed calls before the
+shutdown. Figures: docs/benchmarks/serving.md ("Soak, hot reload, graceful shutdown").
 """
 
 from __future__ import annotations

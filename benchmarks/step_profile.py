@@ -3,24 +3,12 @@
     python -m benchmarks.step_profile [--steps 20] [--threads 2]
     python -m benchmarks.step_profile --gpu --data PREPARED -> step_profile_gpu.json
 
-Each config trains ``--steps`` steps of PTB under torch.profiler; the trainer marks its regions (``lstm`` and
-``head`` in the forward pass, ``backward``, ``optimizer``: clipping and the update) and the backward pass is split by
-operator (the LSTM's own backward kernels against the rest, which is the head's and the embedding's). Building the
-batches is timed on its own, and every config's training tokens/s is measured in turns with the others
-(benchmarks.common.time_interleaved), so that the speed-ups compare.
-
-Configs: ``today`` is configs/ptb_objectives.toml (the Zaremba-small shape in sentence mode: 10k-word full
-softmax, batches of 20, SGD); the others change the head and the batch size, and the last is configs/ptb_fast.toml.
-
-``--gpu``: the LibriSpeech LM of configs/librispeech_lm_gpu.toml on a CUDA GPU, fp32 against bf16, over ``--data`` (a
-prepared dataset with a 50k vocabulary; a few MB of gutenberg-large prepared with ``--max-size 50000`` is enough). On a
-GPU a region's CPU time is only the time to launch its kernels, so the regions are timed by the GPU time of the
-kernels launched inside them (shares of all kernel time), and the profile adds how busy the GPU was: the time at
-least one kernel ran (the union of the kernels' intervals: cuDNN runs an LSTM's layers on several streams at once, so
-kernel times can add up to more than the wall time) over the time of an unprofiled step (below 1 the GPU waits for the
-CPU), and the kernels that took most of the kernel time. A third GPU row doubles the batch (Adam's rate ×√2) to see
-how much busier a larger batch keeps a GPU that waits for the CPU; its tokens/s is not a like-for-like speed-up, since
-its first batches are other sentences (of other lengths) than those of the 512-sentence rows.
+Each config (``today``: configs/ptb_objectives.toml; the last: configs/ptb_fast.toml) trains ``--steps`` PTB steps
+under torch.profiler, split by the trainer's regions (``lstm``, ``head``, ``backward`` split by operator,
+``optimizer``); tokens/s are timed in turns (benchmarks.common.time_interleaved). ``--gpu``: configs/librispeech_lm_gpu.toml
+on a CUDA GPU, fp32 against bf16 (and bf16 at twice the batch), each region timed by the GPU time of the kernels it
+launched, with how busy the GPU was (the union of the kernels' intervals over an unprofiled step's wall time) and the
+top kernels. Figures: docs/benchmarks/training-at-scale.md ("Where a step's time goes") and docs/benchmarks/gpu.md.
 """
 
 from __future__ import annotations
