@@ -99,6 +99,19 @@ def states_before(scorer: Scorer, documents: Sequence[str], history: Sequence[st
     return h_all, c_all
 
 
+def states_after(scorer: Scorer, contexts: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+    """The LSTM state after reading each of N lists' ``contexts`` (the texts of its document's earlier utterances,
+    oldest first), from a fresh state: :func:`states_before` of one document per list whose earlier utterances are
+    those texts (``lm-serve``'s ``RescoreNBest`` gets them in the request)."""
+    documents, history, last = [], [], []
+    for i, texts in enumerate(contexts):
+        documents += [str(i)] * (len(texts) + 1)
+        history += [*texts, ""]
+        last.append(len(documents) - 1)
+    h, c = states_before(scorer, documents, history)
+    return h[:, last], c[:, last]
+
+
 def score_from_states(
     scorer: Scorer, lists: Sequence[Sequence[str]], h: np.ndarray, c: np.ndarray, max_batch_rows: int = 256
 ) -> list[list[SentenceScore]]:

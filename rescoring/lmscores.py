@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from lmserve.core.atomic import atomic_write_lines
 from lmserve.core.textnorm import TextNormalizer
-from lmserve.rescoring.context import score_from_states, states_before
+from lmserve.rescoring.context import score_from_states
 from lmserve.rescoring.nbest import NBestList
 from lmserve.rescoring.ngram import NgramLM
 from lmserve.rescoring.scorer import Scorer, SentenceScore
@@ -115,11 +115,11 @@ def compute(
     progress: bool = False,
     lists_per_call: int = 64,
     seconds: dict[str, float] | None = None,
-    context: tuple[list[str], list[str]] | None = None,
+    start: Callable[[Scorer], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> list[list[HypothesisScores]]:
     """Score every hypothesis; the neural LM shares prefixes within each list (``Scorer.score_nbest``), or, with
-    ``context`` (each entry's document and the history text it leaves to later ones: ``rescoring.context``), reads
-    each list from the state its document's earlier utterances left.
+    ``start`` (the LSTM state each entry starts from, ``h``, ``c`` [L, N, H]: its document's earlier utterances read,
+    ``rescoring.context``), reads each list from that state.
 
     ``scorer`` must use ``normalizer`` (``Scorer(..., normalizer=...)``): its words are what the n-gram scores.
     ``seconds``, when given, accumulates the time spent in each model ("neural", "ngram"), for throughput reports."""
@@ -129,9 +129,9 @@ def compute(
         raise ValueError("the scorer normalises text differently from the n-gram: give both the same text normaliser")
     seconds = {} if seconds is None else seconds
     states = None
-    if context is not None and scorer is not None:
+    if start is not None and scorer is not None:
         with _timed(seconds, "neural"):
-            states = states_before(scorer, *context)
+            states = start(scorer)
     out: list[list[HypothesisScores]] = []
     entries = nbest.entries
     with tqdm(total=len(entries), desc="LM scores", unit="list", disable=not progress) as bar:

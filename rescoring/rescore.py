@@ -20,7 +20,7 @@ from lmserve.core.command import clip
 from lmserve.core.fingerprints import fingerprints
 from lmserve.core.textnorm import PRESETS, TextNormalizer
 from lmserve.rescoring import metrics
-from lmserve.rescoring.context import document_keys, fingerprint, first_pass_history
+from lmserve.rescoring.context import document_keys, fingerprint, first_pass_history, states_before
 from lmserve.rescoring.features import feature_matrices, parse_definition
 from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute, models_key
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
@@ -127,7 +127,14 @@ class LanguageModels:
             cache,
             self.cache_key(nbest, context),
             nbest,
-            lambda: compute(nbest, self.scorer, self.ngram, self.normalizer, progress=progress, context=context),
+            lambda: compute(
+                nbest,
+                self.scorer,
+                self.ngram,
+                self.normalizer,
+                progress=progress,
+                start=None if context is None else lambda scorer: states_before(scorer, *context),
+            ),
         )
 
     def documents(self, nbest: NBestList, history: list[str] | None = None) -> tuple[list[str], list[str]] | None:

@@ -45,6 +45,7 @@ from google.protobuf.message import DecodeError
 
 from lmserve.core.words import words as words_of
 from lmserve.rescoring import decoder_state, lmscores
+from lmserve.rescoring.context import states_after
 from lmserve.rescoring.decoder_state import OtherModelState, StateError
 from lmserve.rescoring.features import check_features, parse_definition
 from lmserve.rescoring.interpolated import NextWord, Step
@@ -84,14 +85,26 @@ def score_steps(model: ServedModel, steps: list[Step]) -> list[list[NextWord]]:
     return model.lm.next_words_batch(steps)
 
 
-def score_lists(model: ServedModel, lists: list[tuple[list[str], float | None]]) -> list[lmscores.LMSums]:
-    """The LM features of every hypothesis of each (texts, λ) list: one engine call for all the lists, and their
-    sums over tokens (interp at the list's λ) taken here, for all the lists at once, so that what comes back from a
-    scoring process is a few short arrays a list and the server process reranks without touching token scores."""
+def score_lists(
+    model: ServedModel, lists: list[tuple[list[str], float | None, tuple[str, ...]]]
+) -> list[lmscores.LMSums]:
+    """The LM features of every hypothesis of each (texts, λ, context) list: one engine call for all the lists, and
+    their sums over tokens (interp at the list's λ) taken here, for all the lists at once, so that what comes back
+    from a scoring process is a few short arrays a list and the server process reranks without touching token
+    scores. Lists with a document context (``rescoring.context.states_after``) are scored apart from those without,
+    so that a list's scores never depend on which other calls' lists share its batch."""
     lms = model.lms
-    nbest = NBestList([NBestEntry("", [Hypothesis(text) for text in texts]) for texts, _ in lists])
-    rows = lmscores.compute(nbest, lms.scorer, lms.ngram, lms.normalizer)
-    return lmscores.summed(rows, [lam for _, lam in lists])
+    rows: list = [None] * len(lists)
+    for in_context in (False, True):
+        group = [i for i, (_, _, context) in enumerate(lists) if bool(context) == in_context]
+        if not group:
+            continue
+        nbest = NBestList([NBestEntry("", [Hypothesis(text) for text in lists[i][0]]) for i in group])
+        start = functools.partial(states_after, contexts=[lists[i][2] for i in group]) if in_context else None
+        scored = lmscores.compute(nbest, lms.scorer, lms.ngram, lms.normalizer, start=start)
+        for i, row in zip(group, scored, strict=True):
+            rows[i] = row
+    return lmscores.summed(rows, [lam for _, lam, _ in lists])
 
 
 class LMServicer:
@@ -650,6 +663,15 @@ class LMServicer:
             raise too_many("bootstrap_samples", samples, MAX_BOOTSTRAP_SAMPLES, "ask for fewer")
         with request_checks():  # as lm-rescore does
             check_ids((message.id, f"lists[{i}]") for i, message in enumerate(request.lists))
+        contexts = [tuple(message.context) for message in request.lists]
+        if any(contexts) and model.lms.scorer is None:
+            first = next(i for i, c in enumerate(contexts) if c)
+            raise invalid(f"lists[{first}].context: model {model.name!r} has no neural LM to read a document context")
+        context_sentences = sum(map(len, contexts))
+        if context_sentences > self.limits.max_sentences:
+            limit = self.limits.max_sentences
+            advice = "send the last few utterances of each document"
+            raise too_many("context sentences (all lists)", context_sentences, limit, advice, "limits.max_sentences")
         entries, tokens = [], []
         for i, message in enumerate(request.lists):
             where = f"lists[{i}] (id {message.id!r})"
@@ -657,6 +679,7 @@ class LMServicer:
                 raise invalid(f"{where}: no hypotheses")
             texts = [h.text for h in message.hypotheses]
             tokens.append(sum(self.check_words(texts, lambda k, where=where: f"{where}.hypotheses[{k}]")))
+            tokens[-1] += sum(self.check_words(contexts[i], lambda k, where=where: f"{where}.context[{k}]"))
             entries.append(messages.nbest_entry(message, f"lists[{i}]"))
         with_refs = [bool(e.references) for e in entries]
         if any(with_refs) and not all(with_refs):
@@ -669,7 +692,7 @@ class LMServicer:
             if all(with_refs):
                 references_of(nbest, metric)  # the evaluation's (WER: one reference a list)
 
-        work = [([h.text for h in e.hypotheses], setup.lam) for e in entries]
+        work = [([h.text for h in e.hypotheses], setup.lam, ctx) for e, ctx in zip(entries, contexts, strict=True)]
         scores = await self.batched(context, self.list_batcher, model, work, tokens, LISTS_PER_CHUNK)
         fields["tokens"] = sum(int(s.tokens.sum()) for s in scores)
         fields["unknown"] = sum(int(s.oov.sum()) for s in scores)

@@ -4,16 +4,19 @@ its earlier utterances left, and ``lm-rescore tune/nbest --context`` carry that 
 import json
 import random
 
+import grpc
 import numpy as np
 import pytest
 
 from lmserve.core.bundle import Bundle
+from lmserve.rescoring.client import LMServeClient
 from lmserve.rescoring.commands.cli import main as rescore_main
 from lmserve.rescoring.commands.shards import Shard
 from lmserve.rescoring.context import document_keys, score_from_states, states_before
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest
 from lmserve.rescoring.scorer import EOS, Scorer
-from tests.conftest import fit_and_export, tiny_config_text, write_corpus
+from lmserve.v1 import lmserve_pb2 as pb
+from tests.conftest import fit_and_export, running_lm_serve, tiny_config_text, write_corpus
 
 pytestmark = pytest.mark.slow  # trains a small stream model
 
@@ -199,3 +202,28 @@ def test_documents_from_the_document_field(tmp_path):
     assert nbest.entries[0].document == "talk-1"
     with pytest.raises(ValueError, match=r"l\.jsonl:2: no field 'document'"):
         document_keys(nbest, "document")
+
+
+def test_lm_serve_rescores_a_list_in_the_document_context_the_request_sends(stream_bundle, tmp_path):
+    """RescoreNBest with ``context``: the list scored from the state its earlier utterances leave, as offline."""
+    doc, wrong = ["t3 w1", "t3 w0", "t3 w2"], "t1 w2"
+    scorer = Scorer(stream_bundle, threads=1)
+    h, c = states_before(scorer, [""] * len(doc), doc)
+    offline = score_from_states(scorer, [[wrong, doc[-1]]], h[:, -1:], c[:, -1:])[0]
+    config = f'[server]\nworkers = 1\n\n[models.topics]\nbundle = "{stream_bundle}"\n'
+    with running_lm_serve(tmp_path, config) as server:
+        client = LMServeClient(server.address)
+        hyps = [pb.Hypothesis(text=wrong), pb.Hypothesis(text=doc[-1])]
+        in_context = pb.HypothesisList(id="u3", hypotheses=hyps, context=doc[:-1])
+        alone = pb.HypothesisList(id="u0", hypotheses=hyps)
+        result = client.rescore_nbest([in_context, alone], weights={"neural": 1.0})
+        with pytest.raises(grpc.RpcError) as refused:
+            client.rescore_nbest([pb.HypothesisList(id="u", hypotheses=hyps, context=["w"] * 1001)], weights={"x": 1})
+    got = {h.text: h.features["neural"] for h in result.lists[0].hypotheses}
+    for text, want in zip([wrong, doc[-1]], offline, strict=True):
+        assert got[text] == pytest.approx(want.logprob, abs=1e-4)
+    fresh = {h.text: h.features["neural"] for h in result.lists[1].hypotheses}
+    assert fresh[doc[-1]] == pytest.approx(scorer.score([doc[-1]])[0].logprob, abs=1e-4)
+    assert got[doc[-1]] - got[wrong] > fresh[doc[-1]] - fresh[wrong]  # the context told which topic
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "context sentences (all lists): 1001" in refused.value.details()

@@ -82,16 +82,18 @@ class Hypothesis(_message.Message):
     def __init__(self, text: _Optional[str] = ..., features: _Optional[_Mapping[str, float]] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class HypothesisList(_message.Message):
-    __slots__ = ("id", "hypotheses", "references", "source")
+    __slots__ = ("id", "hypotheses", "references", "source", "context")
     ID_FIELD_NUMBER: _ClassVar[int]
     HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
     REFERENCES_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
     id: str
     hypotheses: _containers.RepeatedCompositeFieldContainer[Hypothesis]
     references: _containers.RepeatedScalarFieldContainer[str]
     source: str
-    def __init__(self, id: _Optional[str] = ..., hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., references: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ...) -> None: ...
+    context: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., references: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ..., context: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Combination(_message.Message):
     __slots__ = ("profile", "weights", "definitions", "interpolation_weight")
