@@ -18,7 +18,7 @@ from conftest import make_sentences
 
 from benchmarks.synthetic_ctc import Channel, clean_emissions
 from lmserve.rescoring.client import LMServeClient
-from lmserve.rescoring.decoders.lm import DecoderLM, LMServeError
+from lmserve.rescoring.decoders.lm import DecoderLM, LMServeError, logaddexp
 from lmserve.rescoring.interpolated import InterpolatedLM
 from lmserve.rescoring.ngram import NgramLM, build_ngram
 from lmserve.rescoring.scorer import Scorer
@@ -256,6 +256,18 @@ def test_local_states_score_as_lm_rescore_score_and_each_state_steps_once(bundle
             assert counting.rows >= len(stepped)
 
 
+def test_a_lookup_mixes_the_lms_as_numpy_does_to_the_bit():
+    """A word read off a stepped state's distribution is interpolated in Python floats (``logaddexp``), the step
+    graph's words in numpy arrays: the same formula and libm, so the same scores to the bit, ties and infinities
+    included."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(-8, 4, 20000), rng.normal(-8, 4, 20000)
+    y[:50] = x[:50]
+    x[50], y[51] = -np.inf, -np.inf
+    ours = np.array([logaddexp(a, b) for a, b in zip(x.tolist(), y.tolist(), strict=True)])
+    assert np.array_equal(ours, np.logaddexp(x, y))
+
+
 def test_the_lm_bound_lets_the_decoder_skip_words_of_beams_it_would_drop(bundle):
     """A beam whose best possible score (its word's LM score at most the model's highest: alpha · max_logprob +
     beta) is below the beam_width-th best score known is not scored; the decode is the plain decoder's."""
@@ -408,6 +420,10 @@ def test_flashlight_lexicon_decoder_with_our_lm(flashlight, local, server, engin
         asked = fl_lm.lm.pairs
         decoder.decode(fl_emissions(SENTENCES[2], Channel(sub=0.2), seed=3))
         assert fl_lm.lm.pairs - asked <= len(fl_lm.states)
+        asked, root = fl_lm.lm.pairs, fl_lm.start()
+        first = fl_lm.score(root, 3)
+        assert fl_lm.score(root, 3) == first and first[0] is root.child(3)  # a repeat: the same answer, no LM work
+        assert fl_lm.finish(first[0]) == fl_lm.finish(first[0]) and fl_lm.lm.pairs - asked == 2
 
 
 def test_flashlight_with_subword_pieces_scores_whole_words(flashlight, local, engine):

@@ -55,26 +55,31 @@ class LMServeFlashlightLM(_LM):
         self.lm = lm
         self.words = list(words)
         self.states: dict[_LMState, LMState] = {}
+        # (flashlight's state, word index) -> (its child, the word's score): flashlight asks the same pair again and
+        # again (about three times each), and a repeat then costs one lookup
+        self.answers: dict[tuple[_LMState, int], tuple[_LMState, float]] = {}
         self.root: _LMState | None = None
 
     def start(self, start_with_nothing: bool = False) -> _LMState:
         """A new utterance: the states of the last one are dropped."""
         state = self.root = _LMState()
         self.states = {state: self.lm.start()}
+        self.answers = {}
         return state
 
     def score(self, state: _LMState, usr_token_idx: int) -> tuple[_LMState, float]:
-        return self._child(state, usr_token_idx, self.words[usr_token_idx], False)
+        answer = self.answers.get((state, usr_token_idx))
+        return answer if answer is not None else self._child(state, usr_token_idx, self.words[usr_token_idx], False)
 
     def finish(self, state: _LMState) -> tuple[_LMState, float]:
-        return self._child(state, END, "", True)
+        answer = self.answers.get((state, END))
+        return answer if answer is not None else self._child(state, END, "", True)
 
     def _child(self, state: _LMState, index: int, word: str, end: bool) -> tuple[_LMState, float]:
         child = state.child(index)
-        ours = self.states.get(child)
-        if ours is None:
-            ours = self.states[child] = self.lm.score(self.states[state], word, end)[1]
-        return child, ours.word_logprob
+        ours = self.states[child] = self.lm.score(self.states[state], word, end)[1]
+        answer = self.answers[(state, index)] = (child, ours.word_logprob)
+        return answer
 
     def unigram_scores(self, indices: Sequence[int]) -> list[float]:
         """ln p(word | <s>) of the words of ``indices``, in one LM call: the lexicon trie's lookahead."""

@@ -49,6 +49,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -69,6 +70,18 @@ MAX_STATE_BYTES = 8 << 20
 FULL_VOCABULARY = 20000
 # the highest word score of an exactly normalised model (log-probabilities, computed in float32): 0, and a margin
 MAX_LOGPROB = 1e-3
+LN10 = math.log(10)  # (KenLM's scores are log10)
+LOG2 = math.log(2)
+
+
+def logaddexp(x: float, y: float) -> float:
+    """``numpy.logaddexp`` of two floats, its formula and libm's functions (the same result to the bit), without an
+    array's cost."""
+    if x == y:
+        return x + LOG2
+    if x > y:
+        return x + math.log1p(math.exp(y - x))
+    return y + math.log1p(math.exp(x - y))
 
 
 class LMServeError(RuntimeError):
@@ -99,9 +112,9 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-@dataclass(frozen=True)
-class Scored:
-    """One token's scores after a state, and the state after it (the backend's handle)."""
+class Scored(NamedTuple):
+    """One token's scores after a state, and the state after it (the backend's handle). A tuple: a decoder makes one
+    per word it asks after a state, so it is made as cheaply as Python allows."""
 
     neural: float
     logprob: float
@@ -109,7 +122,7 @@ class Scored:
     handle: object
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class LMState:
     handle: object  # the backend's: a DecoderState (local), a token or a cache id (remote), an n-gram state
     parent: LMState | None = None
@@ -160,6 +173,7 @@ class DecoderLM:
         self._tokens: dict[str, tuple[str, ...]] = {}
         self._written: dict[str, bool] = {}  # as_written's answers
         self._vocabulary: list[str] | None = None
+        self._prefixes: dict[str, bool] = {}  # is_prefix's answers
         self._ngram: NgramBackend | None = None
         self._retry_at = math.inf
         self._lock = threading.Lock()  # the backend, epoch and counts; held for no call
@@ -282,9 +296,12 @@ class DecoderLM:
             except LMServeError as error:
                 self._fall_back(error, backend)
                 return True  # (the n-gram's: an open vocabulary)
-        prefix = self.normalizer.cased(partial)
-        at = bisect_left(self._vocabulary, prefix)
-        return at < len(self._vocabulary) and self._vocabulary[at].startswith(prefix)
+        known = self._prefixes.get(partial)
+        if known is None:  # (a decoder asks after the same partial words in every utterance)
+            prefix = self.normalizer.cased(partial)
+            at = bisect_left(self._vocabulary, prefix)
+            known = self._prefixes[partial] = at < len(self._vocabulary) and self._vocabulary[at].startswith(prefix)
+        return known
 
     # -- scoring -----------------------------------------------------------------------------------------------
 
@@ -465,7 +482,7 @@ class DecoderLM:
             return
         with self._lock:
             self.backend, self.normalizer, self.fell_back = backend, normalizer, False
-            self._tokens, self._written, self._vocabulary = {}, {}, None
+            self._tokens, self._written, self._vocabulary, self._prefixes = {}, {}, None, {}
             self.epoch += 1
         log.warning("%s answers again: utterances started from now on use it (fallback_ngram)", backend.describe)
 
@@ -473,7 +490,7 @@ class DecoderLM:
 # -- backends ------------------------------------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class LocalState:
     """A local state of a word-level bundle: the word the next step reads, the LSTM state before it (views into the
     output of the step that made it, shared by the states that step made: never copied) and the n-gram's KenLM
@@ -510,7 +527,17 @@ class LocalBackend:
         self.full = self.words and len(scorer.bundle.tokens) <= FULL_VOCABULARY
         self.interpolate = lm.ngram is not None and lm.lam is not None
         if self.interpolate:
+            import kenlm
+
+            from lmserve.rescoring.lmscores import UNK_WORD
+
             self.log_lam, self.log_rest = math.log(lm.lam), math.log1p(-lm.lam)
+            self.kenlm_state, self.ngram_model, self.unk_word = kenlm.State, lm.ngram.model, UNK_WORD
+            self.known = scorer.known_words
+        if self.words:
+            from lmserve.rescoring.scorer import UNK
+
+            self.index, self.unk_id, self.unk_token = scorer.index, UNK, scorer.bundle.tokens[UNK]
 
     def start(self):
         if not self.words:
@@ -538,62 +565,72 @@ class LocalBackend:
         ]
 
     def _step_words(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
-        from lmserve.rescoring.lmscores import UNK_WORD
-        from lmserve.rescoring.ngram import LN10
-        from lmserve.rescoring.scorer import UNK
-
-        scorer, count = self.lm.scorer, len(items)
         handles = [state.handle for state, _ in items]
-        counts = [len(words) for _, words in items]
-        index = scorer.index
-        flat_ids = [index.get(word, UNK) for _, words in items for word in words]
         if self.full:
             fresh = [handle for handle in handles if handle.scores is None]
             if fresh:
                 scores, h_out, c_out = self._run(fresh, None)
                 for i, handle in enumerate(fresh):
                     handle.scores, handle.h_out, handle.c_out = scores[i], h_out[:, i], c_out[:, i]
-            rows = [handle.scores for handle, k in zip(handles, counts, strict=True) for _ in range(k)]
-            neural = np.array(list(map(float, map(np.ndarray.__getitem__, rows, flat_ids))), np.float64)
-            outs = [(handle.h_out, handle.c_out) for handle in handles]
+            lookup = self._lookup
+            return [
+                [lookup(handle, word, keep) for word in words]
+                for (_, words), handle in zip(items, handles, strict=True)
+            ]
+        return self._step_candidates(handles, [words for _, words in items], keep)
+
+    def _lookup(self, handle: LocalState, word: str, keep: bool) -> Scored:
+        """A word after a stepped state (``handle.scores`` set): its score read off the state's distribution, the
+        n-gram asked and the two mixed in Python floats, which costs less than numpy's arrays for the few words a
+        beam step asks (the same arithmetic as :meth:`_step_candidates`, so the same scores to the bit)."""
+        word_id = self.index.get(word, self.unk_id)
+        neural = float(handle.scores[word_id])
+        logprob, after = neural, None
+        if self.interpolate:
+            after = self.kenlm_state()
+            ngram = self.ngram_model.BaseScore(handle.ngram, word if word in self.known else self.unk_word, after)
+            logprob = logaddexp(self.log_lam + neural, self.log_rest + ngram * LN10)
+        oov = word_id == self.unk_id and word != self.unk_token
+        return Scored(neural, logprob, oov, LocalState(word_id, handle.h_out, handle.c_out, after) if keep else None)
+
+    def _step_candidates(self, handles: list[LocalState], words: list[list[str]], keep: bool) -> list[list[Scored]]:
+        """One run of the ``step`` graph scoring each state's words (a vocabulary too large for whole
+        distributions)."""
+        count, index, unk_id = len(handles), self.index, self.unk_id
+        counts = [len(w) for w in words]
+        flat_words = [word for ws in words for word in ws]
+        flat_ids = [index.get(word, unk_id) for word in flat_words]
+        width = max(counts)
+        ids = np.full((count, width), unk_id, np.int64)
+        at = 0
+        for i, k in enumerate(counts):
+            ids[i, :k] = flat_ids[at : at + k]
+            at += k
+        logprobs, h_out, c_out = self._run(handles, ids)
+        if width * count == len(flat_ids):
+            neural = logprobs.astype(np.float64).ravel()
         else:
-            width = max(counts)
-            ids = np.full((count, width), UNK, np.int64)
-            at = 0
-            for i, k in enumerate(counts):
-                ids[i, :k] = flat_ids[at : at + k]
-                at += k
-            logprobs, h_out, c_out = self._run(handles, ids)
-            if width * count == len(flat_ids):
-                neural = logprobs.astype(np.float64).ravel()
-            else:
-                neural = np.concatenate([logprobs[i, :k] for i, k in enumerate(counts)]).astype(np.float64)
-            outs = [(h_out[:, i], c_out[:, i]) for i in range(count)]
+            neural = np.concatenate([logprobs[i, :k] for i, k in enumerate(counts)]).astype(np.float64)
         logprob, afters = neural, [None] * len(flat_ids)
         if self.interpolate:
-            import kenlm
-
-            model, known, log10 = self.lm.ngram.model, scorer.known_words, []
-            at = 0
-            for handle, (_, words) in zip(handles, items, strict=True):
-                context = handle.ngram
-                for word in words:
-                    after = kenlm.State()
-                    log10.append(model.BaseScore(context, word if word in known else UNK_WORD, after))
-                    afters[at] = after
+            log10, at = [], 0
+            for handle, ws in zip(handles, words, strict=True):
+                for word in ws:
+                    after = afters[at] = self.kenlm_state()
+                    log10.append(self.ngram_model.BaseScore(handle.ngram, word if word in self.known else self.unk_word,
+                                                            after))  # fmt: skip
                     at += 1
-            ngram = np.array(log10, dtype=np.float64) * LN10
-            logprob = np.logaddexp(self.log_lam + neural, self.log_rest + ngram)
+            logprob = np.logaddexp(self.log_lam + neural, self.log_rest + np.array(log10, dtype=np.float64) * LN10)
         out, at = [], 0
         neural_list, logprob_list = neural.tolist(), logprob.tolist()
-        unk = scorer.bundle.tokens[UNK]
         for i, k in enumerate(counts):
-            (h_i, c_i), words = outs[i], items[i][1]
+            h_i, c_i = h_out[:, i], c_out[:, i]
             scored = []
             for n in range(at, at + k):
                 word_id = flat_ids[n]
                 handle = LocalState(word_id, h_i, c_i, afters[n]) if keep else None
-                scored.append(Scored(neural_list[n], logprob_list[n], word_id == UNK and words[n - at] != unk, handle))
+                scored.append(Scored(neural_list[n], logprob_list[n], word_id == unk_id and flat_words[n] != self.unk_token,
+                                     handle))  # fmt: skip
             out.append(scored)
             at += k
         return out

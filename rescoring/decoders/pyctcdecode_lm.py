@@ -32,7 +32,6 @@ pyctcdecode itself decodes in one process when given a spawn pool, since its wor
 from __future__ import annotations
 
 import heapq
-import math
 import sys
 import threading
 from collections.abc import Sequence
@@ -151,13 +150,11 @@ class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
         language_model = self._language_model
         if not isinstance(language_model, LMServeLanguageModel):
             return super()._get_lm_beams(beams, hotword_scorer, cached_lm_scores, cached_partial_token_scores, is_eos)
-        limits = getattr(self._search, "limits", None)
-        partial_score = language_model.score_partial_token
-        hotword = hotword_scorer.score
-        rows = []  # [beam, new_text, lm_score or None, bound]
-        known = []  # the scores of the beams whose words are scored
+        # one pass for the beams whose words are scored (most: a beam completes a word in few frames), the others
+        # kept as (place, beam, new text, partial word's score) for one LM call after it
+        new_beams, pending = [], []
         for beam in beams:
-            text, next_word, word_part = beam[0], beam[1], beam[2]
+            text, next_word, word_part, last_char, frame_list, frames, logit_score = beam
             new_text = f"{text} {next_word}" if text and next_word else text or next_word
             partial = 0.0
             if word_part:
@@ -166,57 +163,54 @@ class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
                     if word_part in hotword_scorer:
                         partial = hotword_scorer.score_partial_token(word_part)
                     else:
-                        partial = partial_score(word_part)
+                        partial = language_model.score_partial_token(word_part)
                     cached_partial_token_scores[word_part] = partial
             cached = cached_lm_scores.get((new_text, is_eos))
-            if cached is not None:
-                lm_score = cached[0]
-                if word_part:
-                    lm_score += partial
-                rows.append([beam, new_text, lm_score, 0.0])
-                known.append(beam[6] + lm_score)
+            if cached is None:
+                pending.append((len(new_beams), beam, new_text, partial))
+                new_beams.append(None)
             else:
-                rows.append([beam, new_text, None, partial])
-        pending = [row for row in rows if row[2] is None]
-        if pending:
-            top = language_model.max_fused()
-            cut = -math.inf
-            if limits is not None and top is not None and known:
-                beam_width, prune_logp = limits
-                cut = max(known) + prune_logp
-                if len(known) >= beam_width:
-                    cut = max(cut, heapq.nlargest(beam_width, known)[-1])
-            wanted = {}
-            for row in pending:
-                beam, new_text, _, partial = row
-                if cut > -math.inf:
-                    # the arithmetic of the exact score below, with the highest word score: never below it
-                    bound = (cached_lm_scores[(beam[0], False)][1] + top) + hotword(new_text)
-                    if beam[2]:
-                        bound += partial
-                    if beam[6] + bound < cut:
-                        row[2] = False  # dropped unscored
-                        continue
-                key = (new_text, is_eos)
-                if key not in wanted:
-                    wanted[key] = (beam[0], cached_lm_scores[(beam[0], False)][-1], beam[1])
-            if wanted:
-                scored = language_model.score_many([(state, word, is_eos) for _, state, word in wanted.values()])
-                for (key, (text, _, _)), (score, end_state) in zip(wanted.items(), scored, strict=True):
-                    raw_lm_score = cached_lm_scores[(text, False)][1] + score
-                    cached_lm_scores[key] = (raw_lm_score + hotword(key[0]), raw_lm_score, end_state)
-        new_beams = []
-        for beam, new_text, lm_score, partial in rows:
-            if lm_score is False:
-                continue
-            if lm_score is None:
-                lm_score = cached_lm_scores[(new_text, is_eos)][0]
+                lm_score = cached[0] + partial if word_part else cached[0]
+                new_beams.append((new_text, "", word_part, last_char, frame_list, frames, logit_score,
+                                  logit_score + lm_score))  # fmt: skip
+        if not pending:
+            return new_beams
+        hotword = hotword_scorer.score
+        limits = getattr(self._search, "limits", None)
+        top = language_model.max_fused()
+        if limits is not None and top is not None and len(pending) < len(new_beams):
+            known = [b[7] for b in new_beams if b is not None]
+            beam_width, prune_logp = limits
+            cut = max(known) + prune_logp
+            if len(known) >= beam_width:
+                cut = max(cut, heapq.nlargest(beam_width, known)[-1])
+            kept = []
+            for place, beam, new_text, partial in pending:
+                # the arithmetic of the exact score below, with the highest word score: never below it
+                bound = (cached_lm_scores[(beam[0], False)][1] + top) + hotword(new_text)
                 if beam[2]:
-                    lm_score += partial
+                    bound += partial
+                if beam[6] + bound >= cut:
+                    kept.append((place, beam, new_text, partial))
+            pending = kept
+        wanted = {}
+        for _, beam, new_text, _ in pending:
+            key = (new_text, is_eos)
+            if key not in wanted:
+                wanted[key] = (beam[0], cached_lm_scores[(beam[0], False)][-1], beam[1])
+        if wanted:
+            scored = language_model.score_many([(state, word, is_eos) for _, state, word in wanted.values()])
+            for (key, (text, _, _)), (score, end_state) in zip(wanted.items(), scored, strict=True):
+                raw_lm_score = cached_lm_scores[(text, False)][1] + score
+                cached_lm_scores[key] = (raw_lm_score + hotword(key[0]), raw_lm_score, end_state)
+        for place, beam, new_text, partial in pending:
             _, _, word_part, last_char, frame_list, frames, logit_score = beam
-            new_beams.append((new_text, "", word_part, last_char, frame_list, frames, logit_score,
-                              logit_score + lm_score))  # fmt: skip
-        return new_beams
+            lm_score = cached_lm_scores[(new_text, is_eos)][0]
+            if word_part:
+                lm_score += partial
+            new_beams[place] = (new_text, "", word_part, last_char, frame_list, frames, logit_score,
+                                logit_score + lm_score)  # fmt: skip
+        return [b for b in new_beams if b is not None]
 
 
 def build_ctcdecoder(
