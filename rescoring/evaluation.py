@@ -32,7 +32,7 @@ diagnostic of what the features could do, never a result.
 MT figures are BLEU (sacrebleu, the tuned metric) with chrF and the length ratio (hypothesis over reference length,
 BLEU's) beside each; ASR figures are WER with the length ratio (hypothesis words over reference words).
 
-The benchmarks' result files (``benchmarks/rescore_sets.py``, ``rescore_protocol.py``) come from this module too:
+The result files of ``benchmarks/rescore_sets.py`` come from this module too:
 ``kfold``, ``transfer``, ``tuned_on``, ``in_sample_ceiling`` and ``leakage`` keep their layouts.
 """
 
@@ -787,7 +787,7 @@ def format_table(result: Mapping) -> str:
     return "\n".join(lines)
 
 
-# -- the benchmarks' layouts (benchmarks/rescore_sets.py, rescore_protocol.py) ------------------------------------
+# -- the layouts of benchmarks/rescore_sets.py's result files ---------------------------------------------------
 
 
 def reranked_choice(data: TuningSet, weights: dict[str, float]) -> np.ndarray:

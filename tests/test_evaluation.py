@@ -11,12 +11,13 @@ from conftest import make_sentences
 
 from lmserve.rescoring import tune
 from lmserve.rescoring.commands.cli import main as rescore_main
-from lmserve.rescoring.evaluation import Evaluation, ListData, Recipe, feature_groups, partition, variants
+from lmserve.rescoring.evaluation import Evaluation, ListData, Recipe, feature_groups, kfold, partition, variants
 from lmserve.rescoring.features import feature_matrices
 from lmserve.rescoring.liststats import compare, list_statistics
 from lmserve.rescoring.lmscores import HypothesisScores, LMSums, compute, read_cache, write_cache
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, write_nbest
 from lmserve.rescoring.ngram import NgramLM, build_ngram
+from lmserve.rescoring.rescore import Setup
 from lmserve.rescoring.tune import TuningSet
 
 SEARCH = {"restarts": 1, "penalty": 0.0, "bounds": {}}
@@ -160,8 +161,6 @@ def test_cross_validation_transfer_and_held_out_say_what_the_ngram_added(ngram):
 
 def test_contiguous_cv_of_one_list_is_the_benchmarks_kfold(ngram):
     """``kfold`` (the benchmark results' layout) and ``Evaluation.cross_validation`` are one computation."""
-    from lmserve.rescoring.evaluation import kfold
-    from lmserve.rescoring.rescore import Setup
 
     nbest = noisy_lists(50, 21, "one")
     scores = scored(nbest, ngram)
@@ -172,6 +171,43 @@ def test_contiguous_cv_of_one_list_is_the_benchmarks_kfold(ngram):
     assert rep["systems"]["recipe"]["wer"] == figures["wer_rescored"]
     assert rep["folds_improved"] == figures["folds_improved"]
     assert [r["weights"] for r in rep["per_fold"]] == [r["weights"] for r in details["per_fold"]]
+
+
+def two_hypothesis_lists(n: int = 120, seed: int = 0):
+    """n two-hypothesis lists, the first pass right on 70% of them; feature ``good`` marks the right hypothesis,
+    ``noise`` is random."""
+    rng = np.random.default_rng(seed)
+    entries = []
+    for i in range(n):
+        right, wrong = f"word{i} is right", f"word{i} was wrong here"
+        first_right = rng.random() < 0.7
+        texts = [right, wrong] if first_right else [wrong, right]
+        entries.append(
+            NBestEntry(
+                f"u{i}",
+                [
+                    Hypothesis(t, {"good": float(t == right), "noise": float(rng.normal())}, rank=k + 1)
+                    for k, t in enumerate(texts)
+                ],
+                references=[right],
+            )
+        )
+    return NBestList(entries, "synthetic")
+
+
+@pytest.mark.parametrize("feature", ["good", "noise"])
+def test_kfold_with_the_guard_nested(feature):
+    """With the guard nested, a fold keeps the first pass unless every fold of its training part gains: a feature
+    that knows the answer is adopted in every fold, random noise in none (the first pass's WER, exactly)."""
+    nbest = two_hypothesis_lists()
+    setup = Setup.parse(f"prior,{feature}", ["prior=-1*rank"])
+    figures, details = kfold(nbest, None, setup, "wer", 5, "prior", {"restarts": 2}, guard=5)
+    assert details["guard"] == "5 of 5 folds of each training part must gain"
+    if feature == "good":
+        assert figures["wer_rescored"] == 0.0 and figures["folds_improved"] == 5
+    else:
+        assert figures["wer_rescored"] == figures["wer_1best"] > 0
+        assert all(fold["weights"] == {"prior": 1.0, "noise": 0.0} for fold in details["per_fold"])
 
 
 def mt_lists(n: int, seed: int) -> NBestList:

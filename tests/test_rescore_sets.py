@@ -33,50 +33,6 @@ def test_an_extra_needs_a_new_name_and_a_path(data, extra):
         rescore_sets.hyporadise_sets([extra])
 
 
-def _lists(n: int = 120, seed: int = 0):
-    """n two-hypothesis lists, the first pass right on 70% of them; feature ``good`` marks the right hypothesis,
-    ``noise`` is random."""
-    import numpy as np
-
-    from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList
-
-    rng = np.random.default_rng(seed)
-    entries = []
-    for i in range(n):
-        right, wrong = f"word{i} is right", f"word{i} was wrong here"
-        first_right = rng.random() < 0.7
-        texts = [right, wrong] if first_right else [wrong, right]
-        entries.append(
-            NBestEntry(
-                f"u{i}",
-                [
-                    Hypothesis(t, {"good": float(t == right), "noise": float(rng.normal())}, rank=k + 1)
-                    for k, t in enumerate(texts)
-                ],
-                references=[right],
-            )
-        )
-    return NBestList(entries, "synthetic")
-
-
-@pytest.mark.parametrize("feature", ["good", "noise"])
-def test_kfold_with_the_guard_nested(feature):
-    """With the guard nested, a fold keeps the first pass unless every fold of its training part gains: a feature
-    that knows the answer is adopted in every fold, random noise in none (the first pass's WER, exactly)."""
-    from lmserve.rescoring.evaluation import kfold
-    from lmserve.rescoring.rescore import Setup
-
-    nbest = _lists()
-    setup = Setup.parse(f"prior,{feature}", ["prior=-1*rank"])
-    figures, details = kfold(nbest, None, setup, "wer", 5, "prior", {"restarts": 2}, guard=5)
-    assert details["guard"] == "5 of 5 folds of each training part must gain"
-    if feature == "good":
-        assert figures["wer_rescored"] == 0.0 and figures["folds_improved"] == 5
-    else:
-        assert figures["wer_rescored"] == figures["wer_1best"] > 0
-        assert all(fold["weights"] == {"prior": 1.0, "noise": 0.0} for fold in details["per_fold"])
-
-
 def tiny_sets(tmp_path, monkeypatch, names: dict[str, int]) -> tuple[Path, list[str]]:
     """HyPoradise-format lists of the tiny LMs' words under tmp_path/hyporadise (name: entries, each the reference
     and a corrupted copy, the copy first in a third of them), the benchmark pointed there; the LM text and the
