@@ -329,18 +329,23 @@ class DecoderLM:
         state after it (when ``end``, its ``logprob`` includes ``</s>`` but its handle continues after the word).
         All pairs not memoised yet are scored together. ``keep=False``: scores only, nothing memoised and no
         states made (e.g. a lexicon's unigram scores from the start state)."""
-        todo: dict[tuple[int, str, bool], tuple[LMState, str, bool]] = {}
-        for state, word, end in pairs:
-            if (word, end) not in state.children:
-                todo.setdefault((id(state), word, end), (state, word, end))
-        done = self._score(list(todo.values()), keep) if todo else {}
-        out = []
-        for state, word, end in pairs:
-            child = state.children.get((word, end)) or done[(id(state), word, end)]
-            out.append((child.word_logprob, child))
+        out: list = [None] * len(pairs)
+        todo: dict[tuple[int, str, bool], list[int]] = {}  # a pair not memoised -> its places in pairs
+        for i, (state, word, end) in enumerate(pairs):
+            child = state.children.get((word, end))
+            if child is None:
+                todo.setdefault((id(state), word, end), []).append(i)
+            else:
+                out[i] = (child.word_logprob, child)
+        if todo:
+            places = list(todo.values())
+            for at, child in zip(places, self._score([pairs[p[0]] for p in places], keep), strict=True):
+                for i in at:
+                    out[i] = (child.word_logprob, child)
         return out
 
-    def _score(self, pairs: list[tuple[LMState, str, bool]], keep: bool) -> dict:
+    def _score(self, pairs: list[tuple[LMState, str, bool]], keep: bool) -> list[LMState]:
+        """The child state of each (state, word, end), all pairs new."""
         # each pair walks its tokens (and </s>) one round at a time; a round is one backend call for all pairs
         tokens = [self.tokens_of(word) for _, word, _ in pairs]
         if all(len(t) == 1 and not end for t, (_, _, end) in zip(tokens, pairs, strict=True)):
@@ -373,7 +378,7 @@ class DecoderLM:
                         node.epoch = at[i].epoch
                         self.backend.track(node)
                         at[i] = node
-        done = {}
+        done = []
         for i, (state, word, end) in enumerate(pairs):
             neural, logprob, oov, word_oov = sums[i]
             child = at[i]
@@ -387,36 +392,34 @@ class DecoderLM:
             child.word_tokens = len(tokens[i])
             if keep:
                 state.children[(word, end)] = child
-            done[(id(state), word, end)] = child
+            done.append(child)
         with self._lock:
             self.pairs += len(pairs)
         return done
 
-    def _score_words(self, pairs: list[tuple[LMState, str, bool]], tokens: list, keep: bool) -> dict:
+    def _score_words(self, pairs: list[tuple[LMState, str, bool]], tokens: list, keep: bool) -> list[LMState]:
         """:meth:`_score` of the usual beam step, words of one token each and no </s>: one round, the same states
         and sums (0 + x is x), without the bookkeeping of several rounds."""
-        groups: dict[int, tuple[LMState, dict]] = {}
+        groups: dict[int, tuple[LMState, dict[str, int]]] = {}  # id(state) -> (state, {token: its place})
         for (state, _, _), (token,) in zip(pairs, tokens, strict=True):
             group = groups.get(id(state))
             if group is None:
-                group = groups[id(state)] = (state, {})
-            group[1][token] = None
-        items = [(state, list(words)) for state, words in groups.values()]
-        scored = {}
-        for (state, words), results in zip(items, self._call(items, keep), strict=True):
-            key = id(state)
-            for word, result in zip(words, results, strict=True):
-                scored[(key, word)] = result
-        done, track, as_written = {}, self.backend.track, self.as_written
+                groups[id(state)] = (state, {token: 0})
+            else:
+                group[1].setdefault(token, len(group[1]))
+        results = self._call([(state, list(words)) for state, words in groups.values()], keep)
+        answers = {key: scored for key, scored in zip(groups, results, strict=True)}
+        done, track, as_written = [], self.backend.track, self.as_written
         for (state, word, end), (token,) in zip(pairs, tokens, strict=True):
-            s = scored[(id(state), token)]
+            key = id(state)
+            s = answers[key][groups[key][1][token]]
             child = LMState(s.handle, state, token, state.neural + s.neural, state.logprob + s.logprob,
                             state.oov + s.oov, state.words + 1, False, s.logprob, bool(s.oov) or not as_written(word),
                             1, state.epoch)  # fmt: skip
             track(child)
             if keep:
                 state.children[(word, end)] = child
-            done[(id(state), word, end)] = child
+            done.append(child)
         with self._lock:
             self.pairs += len(pairs)
         return done
@@ -567,7 +570,8 @@ class LocalBackend:
     def _step_words(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
         handles = [state.handle for state, _ in items]
         if self.full:
-            fresh = [handle for handle in handles if handle.scores is None]
+            # (once each: the states of several items may share a handle, after a word of punctuation that reads nothing)
+            fresh = list({id(handle): handle for handle in handles if handle.scores is None}.values())
             if fresh:
                 scores, h_out, c_out = self._run(fresh, None)
                 for i, handle in enumerate(fresh):
