@@ -38,11 +38,6 @@ PROFILE = "dev_clean"  # the weights file was tuned on dev_clean; the load repla
 INLINE_WEIGHTS = {"score": 1.0, "neural": 0.06, "ngram": 0.0, "length": -1.0, "oov": -5.7}
 LAMBDA = 0.4
 DEV_OTHER = DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
-METHODS = {
-    pb.RescoreNBestRequest: "RescoreNBest",
-    pb.ScoreSentencesRequest: "ScoreSentences",
-    pb.ScoreNextWordsRequest: "ScoreNextWords",
-}
 
 
 @dataclass
