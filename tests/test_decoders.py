@@ -102,9 +102,11 @@ def test_pyctcdecode_decodes_with_a_local_bundle_and_its_lm_scores_add_up(local,
         assert state.logprob == pytest.approx(state.neural, abs=1e-9)  # no n-gram: logprob is the neural score
 
 
-def test_a_beam_step_is_one_lm_call_and_decodes_as_pyctcdecode_alone(bundle):
+@pytest.mark.parametrize("hotwords", [None, ["w3 w12", "w7"]], ids=["no-hotwords", "hotwords"])
+def test_a_beam_step_is_one_lm_call_and_decodes_as_pyctcdecode_alone(bundle, hotwords):
     """The batched decoder gives pyctcdecode's own answer with the same LM, in fewer calls, scoring fewer words: not
-    those of beams that the step's pruning drops whatever their scores."""
+    those of beams that the step's pruning drops whatever their scores. Hotwords count as in pyctcdecode (without
+    them, the batched decoder skips their scorer, whose scores are all 0)."""
     rng = np.random.default_rng(3)
     channel = Channel(sub=0.15, dropped=0.05, ins=0.05)
     utterances = [channel.emissions(text, LABELS, rng) for text in SENTENCES]
@@ -112,7 +114,7 @@ def test_a_beam_step_is_one_lm_call_and_decodes_as_pyctcdecode_alone(bundle):
     for name, make in (("batched", BatchedBeamSearchDecoderCTC), ("plain", pyctcdecode.BeamSearchDecoderCTC)):
         lm = DecoderLM.local(bundle)
         decoder = make(pyctcdecode.Alphabet.build_alphabet(LABELS), LMServeLanguageModel(lm, alpha=0.8, beta=0.5))
-        results[name] = [decoder.decode_beams(e, beam_width=8)[:3] for e in utterances]
+        results[name] = [decoder.decode_beams(e, beam_width=8, hotwords=hotwords)[:3] for e in utterances]
         calls[name] = (lm.calls, lm.pairs)
     for batched, plain in zip(results["batched"], results["plain"], strict=True):
         assert [b[0] for b in batched] == [p[0] for p in plain]

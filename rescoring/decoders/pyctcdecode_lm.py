@@ -150,6 +150,9 @@ class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
         language_model = self._language_model
         if not isinstance(language_model, LMServeLanguageModel):
             return super()._get_lm_beams(beams, hotword_scorer, cached_lm_scores, cached_partial_token_scores, is_eos)
+        # without hotwords (pyctcdecode's HotwordScorer holds "" only when its trie has some) every hotword score is
+        # 0.0, which adds nothing to a float: the trie and the regular expression are not asked
+        hotwords = "" in hotword_scorer
         # one pass for the beams whose words are scored (most: a beam completes a word in few frames), the others
         # kept as (place, beam, new text, partial word's score) for one LM call after it
         new_beams, pending = [], []
@@ -160,7 +163,7 @@ class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
             if word_part:
                 partial = cached_partial_token_scores.get(word_part)
                 if partial is None:
-                    if word_part in hotword_scorer:
+                    if hotwords and word_part in hotword_scorer:
                         partial = hotword_scorer.score_partial_token(word_part)
                     else:
                         partial = language_model.score_partial_token(word_part)
@@ -175,7 +178,7 @@ class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
                                   logit_score + lm_score))  # fmt: skip
         if not pending:
             return new_beams
-        hotword = hotword_scorer.score
+        hotword = hotword_scorer.score if hotwords else lambda text: 0.0
         limits = getattr(self._search, "limits", None)
         top = language_model.max_fused()
         if limits is not None and top is not None and len(pending) < len(new_beams):
