@@ -32,8 +32,6 @@ diagnostic of what the features could do, never a result.
 MT figures are BLEU (sacrebleu, the tuned metric) with chrF and the length ratio (hypothesis over reference length,
 BLEU's) beside each; ASR figures are WER with the length ratio (hypothesis words over reference words).
 
-The result files of ``benchmarks/rescore_sets.py`` come from this module too:
-``kfold``, ``transfer``, ``tuned_on``, ``in_sample_ceiling`` and ``leakage`` keep their layouts.
 """
 
 from __future__ import annotations
@@ -41,16 +39,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
-from lmserve.rescoring import metrics, overlap
+from lmserve.rescoring import metrics
 from lmserve.rescoring.features import LIST_FEATURES, VOTES, models_needed, parse_consensus
 from lmserve.rescoring.nbest import NBestList
 from lmserve.rescoring.rescore import Setup, references_of, tuning_set
 from lmserve.rescoring.tune import (
-    METHODS,
     TuneResult,
     TuningSet,
     cross_validate,
@@ -785,156 +781,6 @@ def format_table(result: Mapping) -> str:
     )
     lines.append(result["signature"])
     return "\n".join(lines)
-
-
-# -- the layouts of benchmarks/rescore_sets.py's result files ---------------------------------------------------
-
-
-def reranked_choice(data: TuningSet, weights: dict[str, float]) -> np.ndarray:
-    return chosen_by(data, weights)
-
-
-def _baselines(nbest: NBestList, data: TuningSet) -> tuple[dict[str, np.ndarray], str | None]:
-    """The choices rescoring is compared with: the first pass, and for lists of systems the best single system
-    (highest corpus metric over the whole list, as if picked with the references), with that system's name."""
-    choices = {FIRST: np.zeros(len(data), dtype=np.int64)}
-    systems = system_names(nbest)
-    if not systems:
-        return choices, None
-    sign = 1 if metrics.HIGHER_IS_BETTER[data.metric] else -1
-    by_system = {s: system_choice(nbest, s) for s in systems}
-    best = max(systems, key=lambda s: sign * data.score(by_system[s]))
-    return {**choices, "best_system": by_system[best]}, best
-
-
-def _figures(nbest, data: TuningSet, chosen: np.ndarray, base: dict, best_name: str | None) -> tuple[dict, dict]:
-    """Corpus figures of ``chosen`` beside the baselines (``_baselines``), with paired bootstraps (and chrF for MT)."""
-    m = data.metric
-    figures = {f"{m}_1best": data.score(base[FIRST]), f"{m}_rescored": data.score(chosen)}
-    signature = metrics.WER_SIGNATURE
-    details: dict = {"changed_choices": int(np.count_nonzero(chosen))}
-    if m == "bleu":
-        refs = references_of(nbest, "bleu")
-        texts = [[h.text for h in e.hypotheses] for e in nbest]
-        chrf = {k: metrics.chrf_report(refs, metrics.pick(texts, c)) for k, c in {**base, "rescored": chosen}.items()}
-        signature = metrics.bleu_report(refs, metrics.pick(texts, chosen))["signature"]
-        details["chrf_signature"] = chrf["rescored"]["signature"]
-        figures["reranked_bleu"] = figures["bleu_rescored"]
-        figures["reranked_chrf"] = chrf["rescored"]["chrf"]
-        figures["chrf_1best"] = chrf[FIRST]["chrf"]
-        if "best_system" in base:
-            figures["best_system_bleu"] = data.score(base["best_system"])
-            figures["best_system_chrf"] = chrf["best_system"]["chrf"]
-            details["best_system"] = best_name
-    else:
-        figures["wer_oracle"] = data.score(np.array([int(np.argmin(s[:, 0])) for s in data.stats]))
-    details["signature"] = signature
-    details["bootstrap"] = {
-        f"rescored_vs_{k}": metrics.paired_bootstrap_stats(
-            m, _stats(data, c), _stats(data, chosen), signature=signature
-        )
-        for k, c in base.items()
-    }
-    return figures, details
-
-
-def _legacy_recipe(setup: Setup, fixed: str, search: dict) -> Recipe:
-    return Recipe(
-        tuple(setup.features), fixed, setup.definitions, (setup.lam,) if setup.lam is not None else (0.5,), search
-    )
-
-
-def kfold(
-    nbest: NBestList, scores, setup: Setup, metric: str, k: int, fixed: str, search: dict, guard: int = 0
-) -> tuple[dict, dict]:
-    """K-fold CV over contiguous entries of one set, in the layout of ``benchmarks/rescore_sets.py``'s results:
-    every entry chosen by weights tuned without its fold. ``guard`` (> 1): the recipe with ``lm-rescore tune --cv
-    guard --require-folds guard``'s guard nested in each training part, so that a fold keeps the first pass unless
-    every one of ``guard`` folds of its training part gains."""
-    recipe = _legacy_recipe(setup, fixed, search)
-    evaluation = Evaluation([ListData(nbest.name, nbest, scores)], metric, recipe, False, False, ablate=())
-    variant = evaluation.variants[RECIPE]
-    parts = partition([len(nbest)], k, "contiguous")
-    chosen, fits = evaluation.fold_choices(
-        [nbest.name], variant, parts, (guard, guard) if guard > 1 else None, np.zeros(len(nbest), np.int64), None
-    )
-    data = evaluation.sets([nbest.name], variant)[recipe.lambda_keys[0]]
-    base, best_name = _baselines(nbest, data)
-    figures, details = _figures(nbest, data, chosen, base, best_name)
-    sign = 1 if metrics.HIGHER_IS_BETTER[metric] else -1
-    per_fold = []
-    for j, fold in enumerate(parts):
-        part = data.subset(fold, f"{data.name}[fold {j}]")
-        row = {"entries": len(fold), "rescored": part.score(chosen[fold])}
-        row.update({name: part.score(c[fold]) for name, c in base.items()})
-        row["weights"] = fits[j].weights
-        per_fold.append(row)
-    figures["folds"] = k
-    figures["folds_improved"] = sum(sign * (r["rescored"] - r[FIRST]) > 0 for r in per_fold)
-    if "best_system" in base:
-        figures["folds_beating_best"] = sum(r["rescored"] >= r["best_system"] for r in per_fold)
-    details.update({"features": list(setup.features), "definitions": setup.definitions, "fixed": fixed})
-    details.update({"search": search, "per_fold": per_fold, "weight_spread": weight_spread([f.weights for f in fits])})
-    if guard > 1:
-        details["guard"] = f"{guard} of {guard} folds of each training part must gain"
-    return figures, details
-
-
-def in_sample_ceiling(nbest: NBestList, scores, setup: Setup, metric: str, fixed: str, search: dict) -> float:
-    """The set's figure with weights tuned on the set itself: a diagnostic, never a result (it has seen the
-    references). Where even this misses a target, the recipe's features are what fall short, not the protocol."""
-    recipe = _legacy_recipe(setup, fixed, search)
-    data = tuning_set(nbest, setup, scores, metric)
-    return data.score(chosen_by(data, tune_weights(data, **recipe.tune_args()).weights))
-
-
-def tuned_on(train, train_scores, setup: Setup, metric: str, fixed: str, search: dict) -> tuple[str, TuneResult]:
-    """The weights tuned on ``train`` (a list, or several pooled), with the pooled set's name."""
-    trains = train if isinstance(train, list) else [train]
-    train_scores = train_scores if isinstance(train, list) else [train_scores]
-    data = pooled([tuning_set(n, setup, s, metric) for n, s in zip(trains, train_scores, strict=True)])
-    return data.name, tune_weights(data, **_legacy_recipe(setup, fixed, search).tune_args())
-
-
-def transfer(tuned: tuple[str, TuneResult], test, test_scores, setup: Setup, metric: str) -> tuple[dict, dict]:
-    """Weights tuned on other lists (``tuned_on``: the pooled lists' name and the result) applied unchanged to
-    ``test``; one tuning serves every set that takes the weights of the same lists."""
-    name, result = tuned
-    test_data = tuning_set(test, setup, test_scores, metric)
-    figures, details = _figures(test, test_data, chosen_by(test_data, result.weights), *_baselines(test, test_data))
-    details["report"] = details["bootstrap"]["rescored_vs_1best"]
-    details.update({"tuned_on": name, "tune_before": result.baseline_metric, "tune_after": result.dev_metric})
-    details.update({"weights": result.weights, "features": list(setup.features), "definitions": setup.definitions})
-    return figures, details
-
-
-def leakage(lists: dict, texts: list[Path], normalizer) -> dict[str, dict]:
-    """The leakage guard (``rescoring.overlap``) over the LM training ``texts``, once for the references of all
-    ``lists`` (name -> NBestList), reported per list: how many of its references share an 8-word window with the text
-    (normalised as the LMs see them)."""
-    refs, owners = [], []
-    for name, nbest in lists.items():
-        for entry in nbest:
-            refs += entry.references
-            owners += [name] * len(entry.references)
-    found = overlap.measure(refs, texts, reference_view=normalizer.normalize, ids=owners, offenders=len(refs))
-    result = {}
-    for name in lists:
-        total, matched = owners.count(name), [o for o in found.offenders if o.id == name]
-        result[name] = {
-            "references": total,
-            "matched_references": len(matched),
-            "share_references": len(matched) / total,
-            "worst": [o.text for o in matched[:3]],
-            "n": found.n,
-            "text_files": found.text_files,
-            "text_words": found.text_words,
-            "warning": len(matched) / total > overlap.WARN_SHARE,
-        }
-    return result
-
-
-DEFAULT_SEARCH = {"methods": list(METHODS), "restarts": 5, "penalty": 0.0, "bounds": {}}
 
 
 # -- what the LMs added: lm-rescore tune and nbest ----------------------------------------------------------------

@@ -11,7 +11,7 @@ from conftest import make_sentences
 
 from lmserve.rescoring import tune
 from lmserve.rescoring.commands.cli import main as rescore_main
-from lmserve.rescoring.evaluation import Evaluation, ListData, Recipe, feature_groups, kfold, partition, variants
+from lmserve.rescoring.evaluation import Evaluation, ListData, Recipe, feature_groups, partition, variants
 from lmserve.rescoring.features import feature_matrices
 from lmserve.rescoring.liststats import compare, list_statistics
 from lmserve.rescoring.lmscores import HypothesisScores, LMSums, compute, read_cache, write_cache
@@ -159,20 +159,6 @@ def test_cross_validation_transfer_and_held_out_say_what_the_ngram_added(ngram):
     assert ceiling <= cv["lists"]["c"]["systems"]["recipe"]["wer"] + 1e-9  # in-sample: seen the references
 
 
-def test_contiguous_cv_of_one_list_is_the_benchmarks_kfold(ngram):
-    """``kfold`` (the benchmark results' layout) and ``Evaluation.cross_validation`` are one computation."""
-
-    nbest = noisy_lists(50, 21, "one")
-    scores = scored(nbest, ngram)
-    figures, details = kfold(nbest, scores, Setup.parse("am,ngram,length"), "wer", 5, "am", SEARCH)
-    recipe = Recipe(("am", "ngram", "length"), "am", {}, (0.5,), SEARCH)
-    cv = Evaluation([ListData("one", nbest, scores)], "wer", recipe, False, True, ablate=()).cross_validation(5)
-    rep = cv["lists"]["one"]
-    assert rep["systems"]["recipe"]["wer"] == figures["wer_rescored"]
-    assert rep["folds_improved"] == figures["folds_improved"]
-    assert [r["weights"] for r in rep["per_fold"]] == [r["weights"] for r in details["per_fold"]]
-
-
 def two_hypothesis_lists(n: int = 120, seed: int = 0):
     """n two-hypothesis lists, the first pass right on 70% of them; feature ``good`` marks the right hypothesis,
     ``noise`` is random."""
@@ -196,18 +182,21 @@ def two_hypothesis_lists(n: int = 120, seed: int = 0):
 
 
 @pytest.mark.parametrize("feature", ["good", "noise"])
-def test_kfold_with_the_guard_nested(feature):
+def test_cross_validation_of_one_list_with_the_guard_nested(feature):
     """With the guard nested, a fold keeps the first pass unless every fold of its training part gains: a feature
     that knows the answer is adopted in every fold, random noise in none (the first pass's WER, exactly)."""
     nbest = two_hypothesis_lists()
-    setup = Setup.parse(f"prior,{feature}", ["prior=-1*rank"])
-    figures, details = kfold(nbest, None, setup, "wer", 5, "prior", {"restarts": 2}, guard=5)
-    assert details["guard"] == "5 of 5 folds of each training part must gain"
+    definitions = Setup.parse(f"prior,{feature}", ["prior=-1*rank"]).definitions
+    recipe = Recipe(("prior", feature), "prior", definitions, (0.5,), {"restarts": 2})
+    evaluation = Evaluation([ListData(nbest.name, nbest, None)], "wer", recipe, False, False, ablate=())
+    cv = evaluation.cross_validation(5, "contiguous", guard=(5, 5))
+    assert cv["guard"] == {"folds": 5, "required": 5, "per_list": True}
+    rep = cv["lists"][nbest.name]
     if feature == "good":
-        assert figures["wer_rescored"] == 0.0 and figures["folds_improved"] == 5
+        assert rep["systems"]["recipe"]["wer"] == 0.0 and rep["folds_improved"] == 5
     else:
-        assert figures["wer_rescored"] == figures["wer_1best"] > 0
-        assert all(fold["weights"] == {"prior": 1.0, "noise": 0.0} for fold in details["per_fold"])
+        assert rep["systems"]["recipe"]["wer"] == rep["systems"]["1best"]["wer"] > 0
+        assert all(fold["weights"] == {"prior": 1.0, "noise": 0.0} for fold in rep["per_fold"])
 
 
 def mt_lists(n: int, seed: int) -> NBestList:
