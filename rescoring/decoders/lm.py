@@ -322,7 +322,9 @@ class DecoderLM:
         return LMState(backend.start(), epoch=epoch)
 
     def score(self, state: LMState, word: str, end: bool = False) -> tuple[float, LMState]:
-        return self.score_many([(state, word, end)])[0]
+        """:meth:`score_many` of one pair (flashlight asks one at a time)."""
+        child = state.children.get((word, end)) or self._score([(state, word, end)], True)[0]
+        return child.word_logprob, child
 
     def score_many(self, pairs: Sequence[tuple[LMState, str, bool]], keep: bool = True) -> list[tuple[float, LMState]]:
         """For each (state, word, end): the word's LM score after the state (plus ``</s>`` when ``end``) and the
