@@ -22,7 +22,8 @@ their LM scores (their score with the highest word score the LM can give is belo
 or below the best by more than ``beam_prune_logp``), and skips pyctcdecode's pruning by history, which keeps every
 beam when all of the history counts (``order``: infinite); its results are those of the plain decoder with the same
 LM. Those hooks are the private part of pyctcdecode used here: it overrides ``_get_lm_beams`` and
-``_decode_logits`` (and reads ``_language_model``) of pyctcdecode 0.5.0, the version ``make setup`` installs;
+``_decode_logits`` (and reads ``_language_model``) of pyctcdecode 0.5.0, the version ``make setup`` installs, since
+the public ``AbstractLanguageModel.score`` is asked one beam at a time (docs/decoders.md says why and what it costs);
 ``tests/test_decoders.py`` compares its beams with the plain decoder's. The plain
 ``BeamSearchDecoderCTC(alphabet, lm)`` works too, one call per word. One decoder serves several threads (a remote LM
 steps on a stream per thread), and ``decode_batch`` takes a fork pool (each worker connects anew after the fork;
