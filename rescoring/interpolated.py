@@ -94,7 +94,10 @@ class InterpolatedLM:
 
     def start_state(self) -> DecoderState:
         h, c = self.scorer.zero_state(1)
-        return DecoderState(self.scorer.start_id, h[:, 0], c[:, 0], (NGRAM_BOS,) if self.ngram is not None else None)
+        return DecoderState(self.scorer.start_id, h[:, 0], c[:, 0], self._start_context())
+
+    def _start_context(self) -> tuple[str, ...] | None:
+        return (NGRAM_BOS,) if self.ngram is not None else None
 
     def read_state(self, token: bytes) -> DecoderState:
         """The state in a token from :meth:`next_words`; the empty token is a sentence start. A token made by a model
@@ -142,7 +145,7 @@ class InterpolatedLM:
         are decoded together (``decoder_state.decode_many``); an error's message starts with ``where(i)``."""
         prev = np.full(len(states), self.scorer.start_id, dtype=np.int64)
         h, c = self.scorer.zero_state(len(states))
-        contexts = [self.start_state().ngram_context] * len(states)
+        contexts = [self._start_context()] * len(states)
         tokens = [i for i, state in enumerate(states) if not isinstance(state, DecoderState) and state]
         if tokens:
             prev[tokens], h[:, tokens], c[:, tokens], read = self._decode(
@@ -221,8 +224,13 @@ class InterpolatedLM:
                 for word in item
             ]
         tokens, afters = [b""] * len(words), [None] * len(words)
-        row_modes = np.repeat(np.array(modes), counts)
-        rows = np.flatnonzero(row_modes == "tokens")
+        if len(set(modes)) == 1:  # the usual batch, every item asking alike: no array of strings to make and compare
+            every = np.arange(len(words))
+            rows_of = {mode: every if mode == modes[0] else every[:0] for mode in ("tokens", "objects")}
+        else:
+            row_modes = np.repeat(np.array(modes), counts)
+            rows_of = {mode: np.flatnonzero(row_modes == mode) for mode in ("tokens", "objects")}
+        rows = rows_of["tokens"]
         if len(rows):
             at = state_of[rows]
             made = decoder_state.encode_many(
@@ -230,7 +238,7 @@ class InterpolatedLM:
             )
             for row, token in zip(rows.tolist(), made, strict=True):
                 tokens[row] = token
-        for row in np.flatnonzero(row_modes == "objects").tolist():
+        for row in rows_of["objects"].tolist():
             # a copy per state: a state kept (in a cache) must not hold the whole batch's array alive
             at = state_of[row]
             afters[row] = DecoderState(int(ids[row]), h[:, at].copy(), c[:, at].copy(), after_contexts[row])
