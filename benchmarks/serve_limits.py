@@ -8,15 +8,20 @@ demo bundle (``make demo``) or, where that is missing, a bundle of the same shap
 (var/serve_limits/). One section of metrics per part of the service, each a function in ``SECTIONS`` taking the
 shared :class:`Setup`: ``server`` (:func:`server_section`: the peak RSS after the worst single call of each kind the
 limits allow, sizes found by asking the server; the same step sent by ``--streams`` streams at once; health checks
-failed meanwhile and while 4 x ``--streams`` more are attempted) and ``decoder_clients``
-(``benchmarks.serve_decoder_clients`` on the shipped English LM). Figures: docs/benchmarks/serving.md ("Limits,
-health and decoder clients under load").
+failed meanwhile and while 4 x ``--streams`` more are attempted) and ``decoder_clients`` (:func:`decoder_clients`:
+pyctcdecode over a remote ``DecoderLM`` of the shipped English LM, on synthetic emissions of dev_other references,
+compared with one thread's results: a step on a SIGSTOPped server, one decoder shared by threads, a fork pool).
+Figures: docs/benchmarks/serving.md ("Limits, health and decoder clients under load"); what they mean:
+docs/decoders.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
+import multiprocessing
+import signal
 import sys
 import tempfile
 import threading
@@ -30,9 +35,13 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from benchmarks import decoding
 from benchmarks.common import ROOT, add_results_option, run_measured, use_results, write_result
 from benchmarks.serve_harness import rss_bytes
+from benchmarks.synthetic_ctc import Channel
 from lmserve.core.bundle import Bundle
+from lmserve.rescoring.decoders.lm import DecoderLM
+from lmserve.rescoring.decoders.pyctcdecode_lm import build_ctcdecoder
 from lmserve.server.config import Limits, ServerSettings
 from lmserve.server.process import ServerProcess
 from lmserve.v1 import lmserve_pb2 as pb
@@ -337,19 +346,141 @@ def server_section(setup: Setup) -> tuple[dict, dict]:
     return metrics, details
 
 
-def decoder_clients_section(setup: Setup) -> tuple[dict, dict]:
-    """The decoder clients against a server of the English LM (``benchmarks.serve_decoder_clients``, which also
-    writes its own result): a hung server's error, one remote DecoderLM shared by 8 threads, a fork pool."""
-    from benchmarks import serve_decoder_clients
+# -- decoder clients -------------------------------------------------------------------------------------------------
 
-    result = serve_decoder_clients.main(["--no-write"])
-    return result["metrics"], {k: v for k, v in result.items() if k != "metrics"}
+
+def bounded(run, limit: float) -> dict:
+    """``run()`` in a thread of its own, waited for at most ``limit`` seconds: its result or error, and seconds
+    (``hung`` when it is still going)."""
+    out: dict = {}
+
+    def target():
+        try:
+            out["result"] = run()
+        except Exception as error:  # noqa: BLE001 (reported, not raised: a refusal is a result here)
+            out["error"] = f"{type(error).__name__}: {error}"
+
+    start = time.perf_counter()
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(limit)
+    out["seconds"] = time.perf_counter() - start
+    if worker.is_alive():
+        out["hung"] = f"no result within {limit:g} s"
+    return out
+
+
+def hung_server(server: ServerProcess, limit: float, step_timeout: float | None) -> dict:
+    """Seconds from a step on a SIGSTOPped server until its error (``DecoderLM.remote``'s default deadline unless
+    ``step_timeout`` is given)."""
+    lm = DecoderLM.remote(server.address, "english", **({} if step_timeout is None else {"timeout": step_timeout}))
+    start = lm.start()
+    lm.score(start, "THE")  # a stream is open and has answered
+    server.send(signal.SIGSTOP)
+    try:
+        run = bounded(lambda: lm.score(start, "A"), limit)
+    finally:
+        server.send(signal.SIGCONT)
+    lm.close()
+    if "error" in run:
+        run["names_the_server"] = server.address in run["error"]
+        run["deadline_exceeded"] = "DEADLINE_EXCEEDED" in run["error"]
+    return run
+
+
+def decoder_clients(
+    bundle: Path = decoding.BUNDLE,
+    ngram: Path | None = decoding.NGRAM,
+    lam: float = decoding.LAMBDA,
+    normalize: str | None = decoding.NORMALIZE,
+    texts: list[str] | None = None,
+    labels: list[str] = decoding.LABELS,
+    utterances: int = 32,
+    threads: int = 8,
+    processes: int = 4,
+    beam: int = 16,
+    limit_s: float = 600.0,
+    step_timeout: float | None = None,
+) -> tuple[dict, dict]:
+    """A remote DecoderLM under the ways decoders use it, against one thread of one process decoding first:
+    ``hung_server_error_s`` (target: the deadline plus a second), and the results (text, or the best beam's LM score
+    beyond 1e-6) that differ with one decoder shared by ``threads`` threads (``shared_decoder_wrong_results``) and
+    with pyctcdecode's ``decode_batch`` over a fork pool (``fork_pool_wrong_results``, texts); -1 where it refused
+    with an error, None where it hung past ``limit_s``."""
+    texts = (texts or decoding.references("dev_other", utterances))[:utterances]
+    channel = Channel()
+    rng = np.random.default_rng(channel.seed)
+    emissions = [channel.emissions(t, labels, rng) for t in texts]
+    ngram = ngram if ngram and ngram.exists() else None
+
+    def best(decoder, e: np.ndarray) -> tuple[str, float]:
+        text, state, *_ = decoder.decode_beams(e, beam_width=beam)[0]
+        return text, state.logprob
+
+    runs: dict[str, dict] = {}
+    shared: list = [None] * len(emissions)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = decoding.serve_config(Path(tmp) / "server", bundle, ngram, lam if ngram else None, normalize)
+        with ServerProcess(config, Path(tmp) / "server.log", start_timeout=300) as server:
+            with DecoderLM.remote(server.address, "english") as lm:
+                decoder = build_ctcdecoder(labels, lm, alpha=0.5, beta=1.0)
+                start = time.perf_counter()
+                reference = [best(decoder, e) for e in emissions]
+                runs["one_thread"] = {"seconds": time.perf_counter() - start}
+
+                def share(first: int) -> None:
+                    for i in range(first, len(emissions), threads):
+                        shared[i] = best(decoder, emissions[i])
+
+                def run_threads():
+                    workers = [threading.Thread(target=share, args=(k,)) for k in range(threads)]
+                    for worker in workers:
+                        worker.start()
+                    for worker in workers:
+                        worker.join()
+                    if None in shared:
+                        raise RuntimeError(f"{shared.count(None)} utterances not decoded (a thread raised)")
+
+                runs["shared_decoder"] = bounded(run_threads, limit_s)
+                with multiprocessing.get_context("fork").Pool(processes) as pool:
+                    runs["fork_pool"] = bounded(lambda: decoder.decode_batch(pool, emissions, beam_width=beam), limit_s)
+            runs["hung_server"] = hung_server(server, limit_s, step_timeout)
+            server.stop()
+
+    def count(run: dict, wrong) -> int | None:
+        return None if "hung" in run else -1 if "error" in run else wrong()
+
+    pool_texts = runs["fork_pool"].pop("result", None)
+    metrics = {
+        "hung_server_error_s": runs["hung_server"]["seconds"] if "error" in runs["hung_server"] else None,
+        "shared_decoder_wrong_results": count(
+            runs["shared_decoder"],
+            lambda: sum(g[0] != e[0] or abs(g[1] - e[1]) > 1e-6 for g, e in zip(shared, reference, strict=True)),
+        ),
+        "fork_pool_wrong_results": count(
+            runs["fork_pool"], lambda: sum(t != r[0] for t, r in zip(pool_texts, reference, strict=True))
+        ),
+    }
+    runs["shared_decoder"].pop("result", None)
+    details = {
+        "targets": "hung_server_error_s <= 31 (the 30 s default deadline); both wrong-result counts 0 (-1: refused)",
+        "runs": runs,
+        "step_timeout": step_timeout or inspect.signature(DecoderLM.remote).parameters["timeout"].default,
+        "utterances": len(texts),
+        "threads": threads,
+        "processes": processes,
+        "beam": beam,
+        "channel": channel.describe(),
+        "model": {"bundle": str(bundle), "ngram": str(ngram) if ngram else None, "lambda": lam, "normalize": normalize},
+        "decoder": "pyctcdecode (build_ctcdecoder, alpha 0.5, beta 1) over DecoderLM.remote: a stream per thread",
+    }
+    return metrics, details
 
 
 # A part of the service measured: its metrics (into the result's "metrics") and details (under its own name).
 SECTIONS: dict[str, Callable[[Setup], tuple[dict, dict]]] = {
     "server": server_section,
-    "decoder_clients": decoder_clients_section,
+    "decoder_clients": lambda setup: decoder_clients(),
 }
 
 

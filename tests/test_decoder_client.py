@@ -194,15 +194,25 @@ def test_a_server_down_at_construction_falls_back_and_returns_once_it_answers(ro
 
 
 def test_the_benchmark_measures_a_hung_server_threads_and_a_fork_pool(root, bundle):
-    from benchmarks.serve_decoder_clients import main
+    from benchmarks.serve_limits import decoder_clients
 
-    model = ["--bundle", str(bundle), "--ngram", str(root / "train3.bin"), "--lam", str(LAMBDA), "--normalize", ""]
-    args = ["--texts", str(root / "texts.txt"), "--labels", " w0123456789", "--utterances", "12", "--beam", "8"]
-    result = main([*model, *args, "--processes", "2", "--step-timeout", "2", "--limit-s", "120", "--no-write"])
-    metrics = result["metrics"]
-    assert 1.9 <= metrics["hung_server_error_s"] <= 6, result["runs"]
-    assert metrics["shared_decoder_wrong_results"] == 0 and metrics["fork_pool_wrong_results"] == 0, result["runs"]
-    assert result["runs"]["hung_server"]["names_the_server"] and result["runs"]["hung_server"]["deadline_exceeded"]
+    texts = (root / "texts.txt").read_text().splitlines()
+    metrics, details = decoder_clients(
+        bundle,
+        root / "train3.bin",
+        LAMBDA,
+        None,
+        texts,
+        ["", *" w0123456789"],
+        12,
+        beam=8,
+        processes=2,
+        limit_s=120,
+        step_timeout=2,
+    )
+    assert 1.9 <= metrics["hung_server_error_s"] <= 6, details["runs"]
+    assert metrics["shared_decoder_wrong_results"] == 0 and metrics["fork_pool_wrong_results"] == 0, details["runs"]
+    assert details["runs"]["hung_server"]["names_the_server"] and details["runs"]["hung_server"]["deadline_exceeded"]
 
 
 def test_a_beam_step_over_the_servers_max_step_words_goes_in_several_requests(root, bundle):
