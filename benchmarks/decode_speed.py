@@ -17,9 +17,10 @@ beam width, one alpha and beta for every LM (our LM's scores are natural logs; f
 Time per utterance: the median over ``--rounds`` rounds in which the rows take turns (``common.time_interleaved``: on
 a shared machine the ratios stay fair when the load changes), wall time (``ms_per_utt``, the issue's measure) and
 this process's CPU time (``cpu_ms_per_utt``: every decoder here runs on one thread, so on a machine that other jobs
-share it is the work itself, which waits on the CPU do not inflate; the remote row's leaves the server's out). ``max_abs_diff``: over every utterance of every row
-of ours, the decoded path's summed LM scores (``neural`` and the interpolated ``logprob``) against the engine's
-``lm-rescore score`` of the tokens the decoder's LM read on that path (words normalised one by one).
+share it is the work itself, which waits on the CPU do not inflate; the remote row's leaves the server's out).
+``max_abs_diff``: over every utterance of every row of ours, the decoded path's summed LM scores (``neural`` and the
+interpolated ``logprob``) against the engine's ``lm-rescore score`` of the tokens the decoder's LM read on that path
+(words normalised one by one).
 ``server_cpu_ms_per_step``: the server's CPU per beam step of 16 decoders of beam 32 stepping as ``beam_step_load``'s
 ``batched`` way, on the same server.
 """
