@@ -174,16 +174,8 @@ def gutenberg_books(name: str = "gutenberg") -> Path:
     books = ROOT / "var" / name
     if not (books / "prepare.json").exists():
         data = DATA_DIR / name
-        command = [
-            sys.executable,
-            "-m",
-            "lmserve.training.cli",
-            "prepare-gutenberg",
-            "--data",
-            str(data),
-            "--out",
-            str(books),
-        ]
+        command = [sys.executable, "-m", "lmserve.training.cli", "prepare-gutenberg", "--data", str(data), "--out"]
+        command.append(str(books))
         run_measured(command, ROOT / "var" / "logs" / f"prepare-{name}.log")
     return books
 

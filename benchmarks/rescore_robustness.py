@@ -27,9 +27,7 @@ from lmserve.training.cli import main as train_main
 from tests import output_clashes
 from tests.conftest import make_sentences, tiny_config_text, write_splits
 from tests.nbest_fuzz import content as list_content
-from tests.nbest_fuzz import (
-    seed_files,
-)
+from tests.nbest_fuzz import seed_files
 
 BOM = "\ufeff".encode()
 

@@ -156,12 +156,7 @@ def main() -> None:
     offline.work(lists[:4])  # first runs of the graphs
     alone = offline.one_by_one_ms(lists[:c1_lists])  # the lists the concurrency-1 run sends
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        servers = {
-            "on": on_settings,
-            "off": off_settings,
-            "threads": threads_settings,
-            "replicas": replica_settings,
-        }
+        servers = {"on": on_settings, "off": off_settings, "threads": threads_settings, "replicas": replica_settings}
         on, off, threads, replicas = (
             stack.enter_context(start_server(Path(tmp) / n, c, bundle=bundle, replicas=2 if n == "replicas" else 1))
             for n, c in servers.items()
