@@ -572,7 +572,7 @@ class LocalBackend:
     def _step_words(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
         handles = [state.handle for state, _ in items]
         if self.full:
-            # (once each: the states of several items may share a handle, after a word of punctuation that reads nothing)
+            # (once each: the states of several items may share a handle, after a word of punctuation reading nothing)
             fresh = list({id(handle): handle for handle in handles if handle.scores is None}.values())
             if fresh:
                 scores, h_out, c_out = self._run(fresh, None)
@@ -635,8 +635,8 @@ class LocalBackend:
             for n in range(at, at + k):
                 word_id = flat_ids[n]
                 handle = LocalState(word_id, h_i, c_i, afters[n]) if keep else None
-                scored.append(Scored(neural_list[n], logprob_list[n], word_id == unk_id and flat_words[n] != self.unk_token,
-                                     handle))  # fmt: skip
+                oov = word_id == unk_id and flat_words[n] != self.unk_token
+                scored.append(Scored(neural_list[n], logprob_list[n], oov, handle))
             out.append(scored)
             at += k
         return out
