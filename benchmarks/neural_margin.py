@@ -1,13 +1,14 @@
 """What the neural LM adds over a tuned n-gram, on held-out folds, with the shipped model: ``lm-rescore evaluate``
 per set, the same recipe for every set, and the figures of its baselines beside it.
 
-    make ngram-english_lm
+    make ngram-english_lm ngram-books_lm
     python -m benchmarks.neural_margin                       # every set; --sets td3 chime4 ... for some
     python -m benchmarks.neural_margin --context             # the same with document context (rescoring.context)
     python -m benchmarks.neural_margin --transfer            # leave one HyPoradise set out -> transfer_loo.json
     python -m benchmarks.neural_margin --mt                  # WMT22 zh-en and de-en -> mt_lm_margin.json
 
-Sets and protocols (``lm-rescore evaluate``; the LMs are ``models/english_lm`` and ``var/ngrams/english_lm_4gram.bin``):
+Sets and protocols (``lm-rescore evaluate``; the LMs are ``models/english_lm`` and ``var/ngrams/english_lm_4gram.bin``,
+for LibriSpeech its books-domain pair ``models/books_lm`` and ``var/ngrams/books_4gram.bin``):
 
 - HyPoradise TED-LIUM 3 (``td3``), CHiME-4, Switchboard (``swbd``) and WSJ dev: 5-fold contiguous cross-validation
   inside each set; WSJ with the tuning guard nested (``--guard 5``: a fold keeps the first pass unless every inner
@@ -54,6 +55,8 @@ from benchmarks.common import DATA_DIR, RESULTS, ROOT, write_result
 
 LM = ROOT / "models" / "english_lm"
 NGRAM = ROOT / "var" / "ngrams" / "english_lm_4gram.bin"
+BOOKS_LM = ROOT / "models" / "books_lm"
+BOOKS_NGRAM = ROOT / "var" / "ngrams" / "books_4gram.bin"
 HYPORADISE = {
     "td3": DATA_DIR / "hyporadise" / "test_td3.json.gz",
     "chime4": DATA_DIR / "hyporadise" / "test_chime4.json.gz",
@@ -102,7 +105,7 @@ def adapted_atis(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path
 
 def evaluate(name: str, args: argparse.Namespace, out: Path) -> dict:
     """One ``lm-rescore evaluate`` run (its JSON), its LM scores cached in ``var/neural_margin/cache``."""
-    lm, ngram = args.lm, args.ngram
+    lm, ngram = (args.books_lm, args.books_ngram) if name == "librispeech_amonly" else (args.lm, args.ngram)
     if name == "atis":
         lm, ngram, tune_list = adapted_atis(args, out.parent)
     common = ["--metric", "wer", "--lm", str(lm), "--ngram", str(ngram), "--normalize", "librispeech"]
@@ -193,6 +196,8 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--lm", type=Path, default=LM)
     parser.add_argument("--ngram", type=Path, default=NGRAM)
+    parser.add_argument("--books-lm", type=Path, default=BOOKS_LM, help="LibriSpeech's neural LM")
+    parser.add_argument("--books-ngram", type=Path, default=BOOKS_NGRAM, help="LibriSpeech's n-gram")
     parser.add_argument("--context", action="store_true", help="document context (rescoring.context)")
     parser.add_argument("--transfer", action="store_true", help="leave one HyPoradise set out (transfer_loo.json)")
     parser.add_argument("--mt", action="store_true", help="WMT22 zh-en and de-en (mt_lm_margin.json)")
@@ -214,7 +219,8 @@ def main() -> None:
     metrics: dict = {}
     for s in args.sets:
         metrics |= figures(s, evaluate(s, args, work / f"{s}.json"))
-    write_result(name, metrics, lm=str(args.lm), ngram=str(args.ngram), context=args.context)
+    models = {"lm": str(args.lm), "ngram": str(args.ngram), "books_lm": str(args.books_lm)}
+    write_result(name, metrics, **models, books_ngram=str(args.books_ngram), context=args.context)
     if args.context:  # the same sets sentence by sentence: neural_margin.json, measured at this commit
         sentence = json.loads((RESULTS / "neural_margin.json").read_text())
         compared = {
