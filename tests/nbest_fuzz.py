@@ -9,7 +9,7 @@
   do with each (:func:`check`): a clean error that names the file, or a list that round-trips through its writer;
   never a traceback, never a partial output.
 
-Used by tests/test_nbest_fuzz.py and tests/test_words.py."""
+Used by tests/test_nbest_fuzz.py, tests/test_words.py and tests/test_bad_inputs.py."""
 
 from __future__ import annotations
 

@@ -216,6 +216,7 @@ def test_a_damaged_or_other_shaped_checkpoint_or_a_file_is_one_error_and_leaves_
         (damaged("wider", wider), "model.safetensors: weights of another shape than config.json's model"),
         (damaged("fewer", fewer_words), "model.safetensors: weights of another shape than config.json's model"),
         (damaged("garbled", lambda c: (c / "config.json").write_text("{")), "config.json: not a checkpoint's config"),
+        (damaged("no_vocabulary", lambda c: (c / "vocab.tsv").unlink()), "has no vocab.tsv"),
     ):
         capsys.readouterr()
         assert main(["fit", str(config), "--init-from", str(given), "--out", str(run)]) == 2

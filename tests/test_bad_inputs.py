@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 from conftest import make_sentences
+from nbest_fuzz import content, seed_files
 
 from lmserve.core.command import clip
 from lmserve.core.lines import file_lines
 from lmserve.core.textnorm import PRESETS
 from lmserve.rescoring.commands.cli import main
 from lmserve.rescoring.nbest import (
+    FORMATS,
     Hypothesis,
     NBestEntry,
     NBestFormatError,
@@ -100,6 +102,16 @@ def test_values_of_16_kb_are_clipped_in_errors(tmp_path, case):
     assert "... (16,384 chars)" in message and len(message) < 600, message[:300]
 
 
+def test_a_value_of_16_kb_is_clipped_in_a_commands_error_line(tmp_path, capsys):
+    big = "u" * 16384
+    path = tmp_path / "big.jsonl"
+    path.write_text(
+        "".join(json.dumps({"id": big, "hypotheses": [{"text": "a", "features": {}}]}) + "\n" for _ in "ab")
+    )
+    err = refused(capsys, ["references", str(path), "--out", str(tmp_path / "r.txt")], tmp_path, "(16,384 chars)")
+    assert len(err) < 1000, err[:300]
+
+
 # -- damaged .gz files -----------------------------------------------------------------------------------------------
 
 
@@ -114,6 +126,8 @@ def test_a_cut_or_fake_gz_is_an_error_naming_the_file_and_flag(tmp_path, capsys)
         argv = ["ngram", "build", "--order", "2", "--text", str(text), "--out", str(tmp_path / "m")]
         refused(capsys, argv, tmp_path, f"--text {text}", problem)
         argv = ["overlap", "--text", str(text), "--references", str(refs), "--json", str(tmp_path / "o.json")]
+        refused(capsys, argv, tmp_path, str(text), problem)
+        argv = ["overlap", "--text", str(refs), "--references", str(text), "--json", str(tmp_path / "o.json")]
         refused(capsys, argv, tmp_path, str(text), problem)
     # a list's references cut short: the error names them, not the list
     nbest = tmp_path / "l.jsonl"
@@ -184,6 +198,24 @@ def test_a_byte_order_mark_neither_splits_segment_0_nor_changes_a_reference(tmp_
     assert reports[0] == reports[1]
 
 
+@pytest.mark.parametrize("where", ["list", "references"])
+@pytest.mark.parametrize("format", FORMATS)
+def test_a_byte_order_mark_in_any_format_reads_as_the_same_list(tmp_path, format, where):
+    """A mark before the text of each of a list's files, or of its references file: the list it is without."""
+    plain, marked = seed_files(format, tmp_path / "plain"), seed_files(format, tmp_path / "marked")
+    refs = {}
+    if where == "references":
+        lines = "".join(f"w{i} reference\n" for i in range(len(read_nbest(plain, format))))
+        for name, mark in (("plain", b""), ("marked", BOM)):
+            refs[name] = tmp_path / f"{name}.refs.txt"
+            refs[name].write_bytes(mark + lines.encode())
+    else:
+        for file in [marked] if marked.is_file() else sorted(f for f in marked.rglob("*") if f.is_file()):
+            file.write_bytes(BOM + file.read_bytes())
+    with_mark = read_nbest(marked, format, refs.get("marked"))
+    assert content(with_mark) == content(read_nbest(plain, format, refs.get("plain")))
+
+
 def test_a_list_file_may_start_with_a_byte_order_mark(tmp_path):
     path = tmp_path / "l.jsonl"
     path.write_bytes(BOM + json.dumps({"id": "u1", "hypotheses": [{"text": "a b", "features": {}}]}).encode() + b"\n")
@@ -193,7 +225,7 @@ def test_a_list_file_may_start_with_a_byte_order_mark(tmp_path):
 # -- a WMT folder's system that cannot be read ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["broken link", "folder"])
+@pytest.mark.parametrize("kind", ["broken link", "folder", "link to a folder"])
 def test_a_system_file_that_is_a_broken_link_or_a_folder_is_an_error_naming_it(tmp_path, capsys, kind):
     folder = tmp_path / "t.zh-en"
     folder.mkdir()
@@ -202,9 +234,12 @@ def test_a_system_file_that_is_a_broken_link_or_a_folder_is_an_error_naming_it(t
     odd = folder / "t.zh-en.hyp.d.en"
     if kind == "folder":
         odd.mkdir()
+    elif kind == "link to a folder":
+        (tmp_path / "elsewhere").mkdir()
+        odd.symlink_to(tmp_path / "elsewhere")
     else:
         odd.symlink_to(tmp_path / "gone.en")
-    expected = "a folder" if kind == "folder" else "a symbolic link to"
+    expected = "a symbolic link to" if kind == "broken link" else "a folder"
     with pytest.raises(NBestFormatError, match=rf"t\.zh-en\.hyp\.d\.en: is {expected}"):
         read_nbest(folder)
     out = tmp_path / "refs.txt"
