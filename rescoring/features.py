@@ -7,7 +7,8 @@ Names a weights file or a command line can use:
   silent 0.0 (the best log score there is). Readers fill in what a format defines (Moses lists are sparse: a left-out
   feature is 0) or what ``--feature-default NAME=VALUE`` asks for (``rescoring.nbest.checks``);
 - ``neural``: the neural LM's log-probability of the sentence (natural log, words and ``</s>``);
-- ``ngram``: the n-gram's, on the same tokens;
+- ``ngram``: the n-gram's, on the same tokens, but words the n-gram knows and the neural LM does not as they are
+  (``rescoring.lmscores``: ``ngram_own``);
 - ``interp``: per-word linear interpolation, Σ log(λ·p_neural + (1 − λ)·p_ngram) with the one weight λ;
 - ``length``: words in the hypothesis as written;
 - ``oov_lm``: words outside the neural LM bundle's vocabulary (scored as ``<unk>``, or spelled by an open-vocabulary
@@ -270,7 +271,11 @@ class _Columns:
             flat, lengths = self._tokens(name)
             if flat is None:
                 raise ValueError(f"feature {name!r}: that LM was not given")
-            return token_sums(flat, lengths)
+            sums = token_sums(flat, lengths)
+            for i, score in enumerate(self.scores if name == "ngram" else ()):  # its own view (rescoring.lmscores)
+                if score.ngram_own is not None:
+                    sums[i] = score.ngram_own
+            return sums
         if name == "interp":
             (neural, lengths), (ngram, _) = self._tokens("neural"), self._tokens("ngram")
             return token_sums(interpolate(neural, ngram, self.lam), lengths)

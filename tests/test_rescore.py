@@ -275,3 +275,23 @@ def test_cli_bleu_tuning_on_a_kbest_list_with_several_references(bundles, tmp_pa
     assert "BLEU" in capsys.readouterr().out
     result = json.loads(rep.read_text())
     assert result["rescored"]["bleu"] > result["1best"]["bleu"] and "nrefs:2" in result["1best"]["signature"]
+
+
+def test_the_ngram_feature_keeps_the_words_the_ngram_knows_and_the_neural_lm_does_not(bundles, tmp_path):
+    """Interpolation mixes the two LMs over the neural vocabulary (zzz as <unk> for both), but the log-linear ngram
+    feature scores zzz as the n-gram knows it; the cache and the server's sums keep that."""
+    out = tmp_path / "wide"
+    build_ngram(
+        [*(s.split() for s in make_sentences(300, seed=1)), ["w1", "w2", "zzz"]], 3, out, discount_fallback=True
+    )
+    models = LanguageModels.load(bundles[("full", 0.0)][1], out.with_suffix(".bin"), threads=1)
+    nbest = NBestList([NBestEntry("u", [Hypothesis("w1 w2 zzz"), Hypothesis("w1 w2")])])
+    first, second = models.scores(nbest, tmp_path / "cache.jsonl")[0]
+    ngram = NgramLM(out.with_suffix(".bin"))
+    np.testing.assert_allclose(first.ngram, ngram.token_logprobs(["w1", "w2", "<unk>"]))  # interp's events
+    assert first.ngram_own == pytest.approx(ngram.token_logprobs(["w1", "w2", "zzz"]).sum())
+    assert first.ngram_own != pytest.approx(first.ngram.sum()) and second.ngram_own is None
+    cached = models.scores(nbest, tmp_path / "cache.jsonl")[0]
+    for rows in ([first, second], cached, summed([[first, second]], [None])[0]):  # token rows, cache, server sums
+        [x] = feature_matrices(nbest, ["ngram"], [rows])
+        np.testing.assert_allclose(x[:, 0], [first.ngram_own, second.ngram.sum()], rtol=1e-12)
