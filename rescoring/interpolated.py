@@ -20,7 +20,7 @@ import numpy as np
 
 from lmserve.rescoring import decoder_state
 from lmserve.rescoring.decoder_state import DecoderState, StateError
-from lmserve.rescoring.lmscores import UNK_WORD, HypothesisScores, in_vocabulary
+from lmserve.rescoring.lmscores import UNK_WORD, HypothesisScores, in_vocabulary, ngram_own
 from lmserve.rescoring.ngram import BOS as NGRAM_BOS
 from lmserve.rescoring.ngram import NgramLM
 from lmserve.rescoring.scorer import BOS, UNK, Scorer
@@ -35,6 +35,7 @@ class TokenScores:
     neural: np.ndarray
     ngram: np.ndarray | None  # None without an n-gram
     interpolated: np.ndarray | None  # None without an n-gram and λ
+    ngram_own: float | None = None  # the n-gram over its own vocabulary (lmscores.HypothesisScores.ngram_own)
 
 
 @dataclass
@@ -83,11 +84,13 @@ class InterpolatedLM:
         out = []
         for s in self.scorer.score(sentences):
             neural = s.token_logprobs.astype(np.float64)
-            ngram = None
+            ngram = own = None
             if self.ngram is not None:
-                ngram = self.ngram.token_logprobs(in_vocabulary(s.words, self.scorer.known_words))
+                shared = in_vocabulary(s.words, self.scorer.known_words)
+                ngram = self.ngram.token_logprobs(shared)
+                own = None if shared == s.words else ngram_own(self.ngram, s.words, ngram)
             interpolated = None if self.lam is None else HypothesisScores(neural, ngram, s.oov).interpolated(self.lam)
-            out.append(TokenScores(s.words, s.oov, neural, ngram, interpolated))
+            out.append(TokenScores(s.words, s.oov, neural, ngram, interpolated, own))
         return out
 
     # -- decoder steps -------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ vocabulary replaced by ``<unk>`` for the n-gram too. Per-word interpolation is t
 over the same events (the neural vocabulary plus ``</s>``), so its perplexity is a true perplexity. Token scores are
 natural logs, one per word and one for ``</s>``. The log-linear ``ngram`` feature, which mixes nothing, is the
 n-gram's own view: when the n-gram knows words the neural LM does not (a 4-gram of a whole corpus beside a 30k-word
-LSTM), a hypothesis holding one is also scored with its words as they are (``ngram_own``), else an n-gram paired with
-a bundle would lose every rare word it knows (LibriSpeech dev_other, first pass without its LM, books 4-gram alone
+LSTM), a hypothesis holding one is also scored with its words as they are (``ngram_own``; lm-serve's sentence scores
+carry it too, for ``tune --server``), else an n-gram paired with a bundle would lose every rare word it knows (LibriSpeech dev_other, first pass without its LM, books 4-gram alone
 3.72 WER; the same n-gram through the bundle's vocabulary 3.80).
 
 Cache file (JSONL): a header line ``{"format": "lmserve-lmscores", "format_version": 2, "key": {...}}`` where the key
@@ -167,7 +167,9 @@ def compute(
                             ngram=c,
                             oov=ngram.oov(w) if s is None else s.oov,
                             oov_ngram=None if ngram is None else ngram.oov(w if s is None else s.words),
-                            ngram_own=None if s is None or ngram is None or w == s.words else _own(ngram, s.words, c),
+                            ngram_own=None
+                            if s is None or ngram is None or w == s.words
+                            else ngram_own(ngram, s.words, c),
                         )
                         for s, w, c in zip(row_scores, row_words, row_counts, strict=True)
                     ]
@@ -275,7 +277,7 @@ def _timed(seconds: dict[str, float], name: str) -> Iterator[None]:
     seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def _own(ngram: NgramLM, words: list[str], shared: np.ndarray) -> float | None:
+def ngram_own(ngram: NgramLM, words: list[str], shared: np.ndarray) -> float | None:
     """The n-gram's log-probability of ``words`` as they are; None when it is the sum of the ``shared`` view's tokens
     (the n-gram does not know the words the neural LM does not either)."""
     own = float(ngram.token_logprobs(words).sum())

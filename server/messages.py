@@ -44,6 +44,8 @@ def sentence_score(scores: TokenScores, per_token: bool) -> pb.SentenceScore:
         message.ngram.CopyFrom(score(scores.ngram, per_token))
     if scores.interpolated is not None:
         message.interpolated.CopyFrom(score(scores.interpolated, per_token))
+    if scores.ngram_own is not None:
+        message.ngram_own = scores.ngram_own
     if per_token:
         message.tokens.extend([*scores.words, EOS_TOKEN])
     return message

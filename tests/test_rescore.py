@@ -10,11 +10,14 @@ import pytest
 from conftest import make_sentences
 
 from lmserve.rescoring.commands.cli import main as rescore_main
+from lmserve.rescoring.commands.remote import _hypothesis_scores
 from lmserve.rescoring.features import feature_matrices, parse_definition
+from lmserve.rescoring.interpolated import InterpolatedLM
 from lmserve.rescoring.lmscores import cache_key, compute, load_or_compute, summed
 from lmserve.rescoring.nbest import Hypothesis, NBestEntry, NBestList, read_nbest, write_nbest
 from lmserve.rescoring.ngram import NgramLM, build_ngram
 from lmserve.rescoring.rescore import LanguageModels, Setup, report, reranked, tune
+from lmserve.server.messages import sentence_score
 
 
 def corrupted_lists(n: int, seed: int, name: str) -> NBestList:
@@ -279,7 +282,7 @@ def test_cli_bleu_tuning_on_a_kbest_list_with_several_references(bundles, tmp_pa
 
 def test_the_ngram_feature_keeps_the_words_the_ngram_knows_and_the_neural_lm_does_not(bundles, tmp_path):
     """Interpolation mixes the two LMs over the neural vocabulary (zzz as <unk> for both), but the log-linear ngram
-    feature scores zzz as the n-gram knows it; the cache and the server's sums keep that."""
+    feature scores zzz as the n-gram knows it; the cache, the server's sums and its sentence scores keep that."""
     out = tmp_path / "wide"
     build_ngram(
         [*(s.split() for s in make_sentences(300, seed=1)), ["w1", "w2", "zzz"]], 3, out, discount_fallback=True
@@ -292,6 +295,9 @@ def test_the_ngram_feature_keeps_the_words_the_ngram_knows_and_the_neural_lm_doe
     assert first.ngram_own == pytest.approx(ngram.token_logprobs(["w1", "w2", "zzz"]).sum())
     assert first.ngram_own != pytest.approx(first.ngram.sum()) and second.ngram_own is None
     cached = models.scores(nbest, tmp_path / "cache.jsonl")[0]
-    for rows in ([first, second], cached, summed([[first, second]], [None])[0]):  # token rows, cache, server sums
+    sentences = InterpolatedLM(models.scorer, models.ngram).score(["w1 w2 zzz", "w1 w2"])  # lm-serve's ScoreSentences
+    remote = [_hypothesis_scores(sentence_score(t, per_token=True)) for t in sentences]  # tune --server reads these
+    assert [r.ngram_own for r in remote] == [first.ngram_own, None]
+    for rows in ([first, second], cached, summed([[first, second]], [None])[0], remote):
         [x] = feature_matrices(nbest, ["ngram"], [rows])
         np.testing.assert_allclose(x[:, 0], [first.ngram_own, second.ngram.sum()], rtol=1e-12)

@@ -51,18 +51,20 @@ class Score(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., log10prob: _Optional[float] = ..., token_logprobs: _Optional[_Iterable[float]] = ..., token_log10probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SentenceScore(_message.Message):
-    __slots__ = ("neural", "ngram", "interpolated", "oov", "tokens")
+    __slots__ = ("neural", "ngram", "interpolated", "oov", "tokens", "ngram_own")
     NEURAL_FIELD_NUMBER: _ClassVar[int]
     NGRAM_FIELD_NUMBER: _ClassVar[int]
     INTERPOLATED_FIELD_NUMBER: _ClassVar[int]
     OOV_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NGRAM_OWN_FIELD_NUMBER: _ClassVar[int]
     neural: Score
     ngram: Score
     interpolated: Score
     oov: int
     tokens: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, neural: _Optional[_Union[Score, _Mapping]] = ..., ngram: _Optional[_Union[Score, _Mapping]] = ..., interpolated: _Optional[_Union[Score, _Mapping]] = ..., oov: _Optional[int] = ..., tokens: _Optional[_Iterable[str]] = ...) -> None: ...
+    ngram_own: float
+    def __init__(self, neural: _Optional[_Union[Score, _Mapping]] = ..., ngram: _Optional[_Union[Score, _Mapping]] = ..., interpolated: _Optional[_Union[Score, _Mapping]] = ..., oov: _Optional[int] = ..., tokens: _Optional[_Iterable[str]] = ..., ngram_own: _Optional[float] = ...) -> None: ...
 
 class Hypothesis(_message.Message):
     __slots__ = ("text", "features", "rank")

@@ -89,4 +89,5 @@ def _hypothesis_scores(sentence) -> HypothesisScores:
         neural=np.array(sentence.neural.token_logprobs, dtype=np.float64),
         ngram=np.array(sentence.ngram.token_logprobs, dtype=np.float64) if sentence.HasField("ngram") else None,
         oov=sentence.oov,
+        ngram_own=sentence.ngram_own if sentence.HasField("ngram_own") else None,
     )
