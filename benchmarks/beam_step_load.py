@@ -240,11 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
         server_errors=len(errors),
         note="load generator on the same machine and cores as the server; server CPU from /proc",
     )
-    if args.no_write:
-        print(json.dumps({"metrics": metrics, **extra}, indent=1))
-    else:
-        write_result("beam_step_load", metrics, **extra)
-    return {"metrics": metrics, **extra}
+    return write_result("beam_step_load", metrics, no_write=args.no_write, **extra)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,12 @@ def use_results(folder: Path | None) -> None:
         RESULTS = folder
 
 
-def write_result(name: str, metrics: dict, **extra) -> Path:
+def write_result(name: str, metrics: dict, no_write: bool = False, **extra) -> dict:
+    """``benchmarks/results/NAME.json``: the metrics, ``extra``, the command, commit, date and machine; with
+    ``no_write`` (``--no-write``: tests) only the metrics on stderr. Returns the metrics and ``extra``."""
+    if no_write:
+        print(json.dumps({"metrics": metrics}, indent=1), file=sys.stderr)
+        return {"metrics": metrics, **extra}
     result = {
         "metrics": metrics,
         **extra,
@@ -95,7 +100,7 @@ def write_result(name: str, metrics: dict, **extra) -> Path:
     path = RESULTS / f"{name}.json"
     atomic_write_text(path, json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}", file=sys.stderr)
-    return path
+    return {"metrics": metrics, **extra}
 
 
 def time_interleaved(cases: dict[str, Callable[[], object]], rounds: int = 3) -> dict[str, float]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -178,11 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
         model={"bundle": str(args.bundle), "ngram": str(args.ngram), "lambda": args.lam, "normalize": normalize},
         labels="".join(labels[1:]),
     )
-    if args.no_write:
-        print(json.dumps({"metrics": metrics}, indent=1), file=sys.stderr)
-    else:
-        write_result("decode_synthetic", metrics, **extra)
-    return {"metrics": metrics, **extra}
+    return write_result("decode_synthetic", metrics, no_write=args.no_write, **extra)
 
 
 if __name__ == "__main__":

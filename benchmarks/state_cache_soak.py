@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import tempfile
 import threading
@@ -162,11 +161,7 @@ def main(argv: list[str] | None = None) -> dict:
         model={"bundle": str(args.bundle), "ngram": str(ngram) if ngram else None, "lambda": args.lam},
         exit_code=code,
     )
-    if args.no_write:
-        print(json.dumps({"metrics": metrics, **{k: v for k, v in extra.items() if k != "samples"}}, indent=1))
-    else:
-        write_result("state_cache_soak", metrics, **extra)
-    return {"metrics": metrics, **extra}
+    return write_result("state_cache_soak", metrics, no_write=args.no_write, **extra)
 
 
 if __name__ == "__main__":
