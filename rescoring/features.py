@@ -44,7 +44,7 @@ import numpy as np
 from lmserve.core.command import clip
 from lmserve.core.words import source_length
 from lmserve.rescoring import consensus
-from lmserve.rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, token_sums
+from lmserve.rescoring.lmscores import HypothesisScores, LMSums, concatenated, interpolate, ngram_feature, token_sums
 from lmserve.rescoring.nbest import NBestEntry, NBestList
 
 LM_FEATURES = ("neural", "ngram", "interp", "oov", "oov_lm", "oov_ngram", "length")
@@ -272,10 +272,7 @@ class _Columns:
             if flat is None:
                 raise ValueError(f"feature {name!r}: that LM was not given")
             sums = token_sums(flat, lengths)
-            for i, score in enumerate(self.scores if name == "ngram" else ()):  # its own view (rescoring.lmscores)
-                if score.ngram_own is not None:
-                    sums[i] = score.ngram_own
-            return sums
+            return ngram_feature(sums, self.scores) if name == "ngram" else sums
         if name == "interp":
             (neural, lengths), (ngram, _) = self._tokens("neural"), self._tokens("ngram")
             return token_sums(interpolate(neural, ngram, self.lam), lengths)

@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,10 +229,7 @@ def summed(rows: list[list[HypothesisScores]], lams: list[float | None]) -> list
         hyp_lams = np.repeat([0.5 if lam is None else lam for lam in lams], [len(row) for row in rows])
         interp = token_sums(interpolate_at(neural, ngram, np.repeat(hyp_lams, lengths)), lengths)
     neural_sums = None if neural is None else token_sums(neural, lengths)
-    ngram_sums = None if ngram is None else token_sums(ngram, lengths)
-    for i, h in enumerate(hyps):
-        if h.ngram_own is not None:
-            ngram_sums[i] = h.ngram_own
+    ngram_sums = None if ngram is None else ngram_feature(token_sums(ngram, lengths), hyps)
     oov = np.array([h.oov for h in hyps], dtype=np.int64)
     oov_lm = oov if neural is not None else None
     oov_ngram = None if any(h.oov_ngram is None for h in hyps) else np.array([h.oov_ngram for h in hyps], np.int64)
@@ -275,6 +272,15 @@ def _timed(seconds: dict[str, float], name: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def ngram_feature(sums: np.ndarray, hyps: Sequence[HypothesisScores]) -> np.ndarray:
+    """The log-linear ``ngram`` feature: each hypothesis' sum of its shared-view tokens (``sums``), replaced by its
+    ``ngram_own`` where it has one (module docstring)."""
+    for i, h in enumerate(hyps):
+        if h.ngram_own is not None:
+            sums[i] = h.ngram_own
+    return sums
 
 
 def ngram_own(ngram: NgramLM, words: list[str], shared: np.ndarray) -> float | None:
