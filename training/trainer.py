@@ -607,7 +607,9 @@ class Trainer:
                 break
         read_losses()  # the steps since the last log line
         bar.close()
-        self.carried = self._gather_carried(states) if outcome == "interrupted" else None
+        if outcome == "budget" and st["batch"] == total:
+            outcome = "done"  # the budget and the epoch ran out together
+        self.carried = self._gather_carried(states) if outcome in ("interrupted", "budget") else None
         return outcome
 
     def step(self, micro: list[Batch], states: list, stop: bool):
@@ -723,16 +725,21 @@ class Trainer:
         self.dist.barrier()
 
     def _end_epoch(self, budget_spent: bool) -> Path:
+        """Validate, then save. A token budget that ran out part-way through an epoch leaves the epoch open: the
+        checkpoint keeps its batch position (and the streams' carried state), so ``--resume --set
+        train.max_tokens=...`` reads on into text the model has not seen instead of starting the epoch again."""
         cfg, st = self.cfg, self.state
         valid = self._evaluate(self.valid_batches)
         train_ppl = math.exp(st["epoch_nll"] / max(1, st["epoch_tokens"]))
-        st["epochs_done"] += 1
-        st["batch"] = 0
-        st["epoch_nll"], st["epoch_tokens"] = 0.0, 0
+        epoch = st["epochs_done"] + 1
+        if not budget_spent:
+            st["epochs_done"] += 1
+            st["batch"] = 0
+            st["epoch_nll"], st["epoch_tokens"] = 0.0, 0
         lr = self.optimizer.param_groups[0]["lr"]
         self.log.write(
             "valid",
-            epoch=st["epochs_done"],
+            epoch=epoch,
             tokens_seen=st["tokens_seen"],
             lr=lr,
             train_ppl=train_ppl,
@@ -740,27 +747,26 @@ class Trainer:
             **valid.to_dict(),
         )
         self._say(
-            f"epoch {st['epochs_done']}: train ppl {train_ppl:.2f}, valid ppl {valid.ppl:.2f}, lr {lr:.4g}, "
-            f"{st['tokens_seen'] / st['train_seconds']:.0f} tokens/s"
+            f"epoch {epoch}{', token budget spent' if budget_spent else ''}: train ppl {train_ppl:.2f}, "
+            f"valid ppl {valid.ppl:.2f}, lr {lr:.4g}, {st['tokens_seen'] / st['train_seconds']:.0f} tokens/s"
         )
         improved = st["best_valid_ppl"] is None or valid.ppl < st["best_valid_ppl"]
         if improved:
             st["best_valid_ppl"] = valid.ppl
-            st["bad_epochs"] = 0
-        else:
-            st["bad_epochs"] += 1
-        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            self.scheduler.step(valid.ppl)
-        elif self.scheduler is not None:
-            self.scheduler.step()
         patience = cfg.train.early_stop_patience
-        if budget_spent:
+        if budget_spent:  # the epoch is still open: patience and per-epoch schedules count it when it ends
             st["finished"] = "token budget"
-        elif patience and st["bad_epochs"] >= patience:
-            st["finished"] = f"early stop: no better validation ppl for {patience} epochs"
-        elif st["epochs_done"] >= cfg.train.epochs:
-            st["finished"] = "epochs"
-        path = self._save()
+        else:
+            st["bad_epochs"] = 0 if improved else st["bad_epochs"] + 1
+            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                self.scheduler.step(valid.ppl)
+            elif self.scheduler is not None:
+                self.scheduler.step()
+            if patience and st["bad_epochs"] >= patience:
+                st["finished"] = f"early stop: no better validation ppl for {patience} epochs"
+            elif st["epochs_done"] >= cfg.train.epochs:
+                st["finished"] = "epochs"
+        path = self._save(carried=self.carried)
         if self.dist.is_main:
             if improved:
                 mark_best(self.run_dir, path.name)
