@@ -27,6 +27,13 @@ the list's order (TED-LIUM 3 and WSJ are in talk and session order; CHiME-4 and 
 so their context is the list order too) or LibriSpeech's speaker-chapter ids; the result is ``neural_margin_context``,
 and ``document_context.json`` sets its TED-LIUM 3 and LibriSpeech figures beside ``neural_margin.json``'s.
 
+For LibriSpeech the benchmark also asks where the room is: in the dev_other utterances whose list holds a
+hypothesis with fewer errors than the 1-best (``librispeech_amonly_oracle_better``; the first of the fewest), how
+often each LM alone gives that hypothesis a higher log-probability than the 1-best (``..._neural_prefers_oracle``,
+``..._ngram_prefers_oracle``) and how often a lower one (``..._prefers_1best``; the rest are ties). The 1-best was
+chosen with ESPnet's fused Transformer LM, so an LM that cannot tell its remaining errors from the fix more often than
+not cannot beat it. A diagnostic read from the LM score cache of the evaluation; nothing is tuned on it.
+
 ``--transfer``: weights that travel. Each of the four HyPoradise sets rescored with the weights tuned on the other
 three (``lm-rescore evaluate --transfer`` with the per-list guard nested, ``--guard 5``: the weights are kept only
 when every tuning set gains on all 5 of its folds, else the first pass stays). ``S_p_worse`` is the paired
@@ -51,7 +58,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks.common import DATA_DIR, RESULTS, ROOT, write_result
+from lmserve.rescoring import lmscores
+from lmserve.rescoring.metrics import wer_stats
+from lmserve.rescoring.nbest import read_nbest
 
 LM = ROOT / "models" / "english_lm"
 NGRAM = ROOT / "var" / "ngrams" / "english_lm_4gram.bin"
@@ -191,6 +203,30 @@ def mt(args: argparse.Namespace, work: Path) -> dict:
     return metrics
 
 
+def lm_preferences(name: str, listed: Path, cache: Path) -> dict:
+    """Where an LM could help: ``name``'s utterances whose list holds a better hypothesis than the 1-best, and which
+    of the two each LM alone scores higher (module docstring)."""
+    nbest = read_nbest(listed)
+    with cache.open(encoding="utf-8") as f:
+        key = json.loads(f.readline())["key"]  # the evaluation just wrote it for these lists and models
+    rows = lmscores.read_cache(cache, key)
+    counts = dict.fromkeys(("oracle_better", "neural_prefers_oracle", "neural_prefers_1best"), 0)
+    counts |= dict.fromkeys(("ngram_prefers_oracle", "ngram_prefers_1best"), 0)
+    for entry, hyps in zip(nbest, rows, strict=True):
+        texts = [h.text for h in entry.hypotheses]
+        errors = wer_stats([entry.references[0]] * len(texts), texts)[:, 0]
+        best = int(np.argmin(errors))
+        if errors[best] >= errors[0]:
+            continue
+        counts["oracle_better"] += 1
+        neural = np.array([h.neural.sum() for h in (hyps[0], hyps[best])])
+        ngram = lmscores.ngram_feature(np.array([h.ngram.sum() for h in (hyps[0], hyps[best])]), [hyps[0], hyps[best]])
+        for lm, (first, oracle) in (("neural", neural), ("ngram", ngram)):
+            counts[f"{lm}_prefers_oracle"] += int(oracle > first)
+            counts[f"{lm}_prefers_1best"] += int(first > oracle)
+    return {f"{name}_{k}": v for k, v in counts.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
@@ -219,6 +255,9 @@ def main() -> None:
     metrics: dict = {}
     for s in args.sets:
         metrics |= figures(s, evaluate(s, args, work / f"{s}.json"))
+        if s == "librispeech_amonly":
+            listed = DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
+            metrics |= lm_preferences(s, listed, work / "cache" / "dev_other.lmscores.jsonl")
     models = {"lm": str(args.lm), "ngram": str(args.ngram), "books_lm": str(args.books_lm)}
     write_result(name, metrics, **models, books_ngram=str(args.books_ngram), context=args.context)
     if args.context:  # the same sets sentence by sentence: neural_margin.json, measured at this commit
