@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_sentences, tiny_config_text, write_corpus
-
 from safetensors.torch import load_file
 
 from lmserve.training.checkpoint import resolve_checkpoint
@@ -107,7 +106,10 @@ def test_a_budget_spent_mid_epoch_is_extended_into_unseen_text(tmp_path, write_c
     once = write_config(mode=mode, optimizer={"name": "adam", "lr": 0.01}, train={"max_tokens": 900, "epochs": 1})
     main(["fit", str(once), "--out", str(tmp_path / "once")])
     capsys.readouterr()
-    latest = [load_file(str(resolve_checkpoint(tmp_path / run, "latest") / "model.safetensors")) for run in ("stopped", "once")]
+    latest = [
+        load_file(str(resolve_checkpoint(tmp_path / run, "latest") / "model.safetensors"))
+        for run in ("stopped", "once")
+    ]
     assert latest[0].keys() == latest[1].keys()
     for name in latest[0]:
         assert torch.equal(latest[0][name], latest[1][name]), name
