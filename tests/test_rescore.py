@@ -221,6 +221,9 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
         (["--bounds", "length=1:0"], "low limit is above"),
         (["--require-folds", "2"], "--require-folds 2: expected 1 to --cv (0)"),
         (["--penalty", "nan"], "--penalty nan"),
+        (["--length-ratio", "0.99:1.03"], "--length-ratio bounds BLEU tuning (MT lists), not --metric wer"),
+        (["--length-ratio", "1.1:1.0"], "--length-ratio '1.1:1.0': the low limit is above the high one"),
+        (["--length-ratio", "short"], "--length-ratio 'short': expected LOW:HIGH"),
     ):
         assert rescore_main([*tune, *flags]) == 2
         assert message in capsys.readouterr().err

@@ -91,6 +91,28 @@ def test_bleu_tuning_from_text():
     assert metrics.bleu_report([refs], metrics.pick(nbest, chosen))["bleu"] == pytest.approx(result.dev_metric)
 
 
+def test_a_length_ratio_bound_keeps_bleu_tuning_from_buying_bleu_with_length():
+    """Each list holds the reference itself and the reference with two words more; the first pass prefers the exact
+    one (BLEU 100, length ratio 1.0). Asked for a length ratio of at least 1.2, the search gives up BLEU to stay
+    inside; without the bound it keeps the exact ones. The reported figure is BLEU alone."""
+    rng = np.random.default_rng(0)
+    words = "the cat sat on a mat and dog ran far".split()
+    refs = [" ".join(rng.choice(words, size=8)) for _ in range(20)]
+    nbest = [[ref, f"{ref} far away"] for ref in refs]
+    features = [np.array([[1.0, 0.0], [0.0, 1.0]]) for _ in refs]
+    dev = TuningSet.from_bleu("toy", ("base", "longer"), features, [refs], nbest)
+    free = tune.tune_weights(dev, restarts=1)
+    assert free.dev_metric == pytest.approx(100.0)
+    assert dev.length_ratio(dev.choose(np.array([free.weights["base"], free.weights["longer"]]))) == 1.0
+    bounded = tune.tune_weights(dev, restarts=1, length_ratio=(1.2, None))
+    weights = np.array([bounded.weights["base"], bounded.weights["longer"]])
+    assert dev.length_ratio(dev.choose(weights)) == pytest.approx(1.25)
+    assert bounded.dev_metric == pytest.approx(dev.evaluate(weights)) and bounded.dev_metric < 100.0
+    assert bounded.settings["length_ratio"] == [1.2, None]
+    with pytest.raises(ValueError, match="length_ratio bounds BLEU tuning, not wer"):
+        tune.tune_weights(synthetic_wer_set(20), length_ratio=(0.9, 1.1))
+
+
 def test_from_wer_uses_jiwer_errors():
     refs = ["a b c", "d e"]
     nbest = [["a b c", "a x c", "b c"], ["d e f"]]

@@ -53,7 +53,7 @@ from lmserve.rescoring.features import check_features, check_models, models_need
 from lmserve.rescoring.nbest import FORMATS, MAX_WORDS, NBestList, read_nbest
 from lmserve.rescoring.nbest.checks import parse_defaults
 from lmserve.rescoring.rescore import LanguageModels, Setup, check_normalisation, references_of
-from lmserve.rescoring.tune import METHODS, check_bounds, parse_bounds
+from lmserve.rescoring.tune import LENGTH_RATIO_HELP, METHODS, check_bounds, parse_bounds, parse_length_ratio
 
 LAMBDAS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 NAMED = re.compile(r"([A-Za-z0-9_][\w.-]*)=(.+)")
@@ -127,6 +127,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bounds", default="", metavar="NAME=LOW:HIGH,...", help="weight limits, e.g. neural=0:")
     p.add_argument("--penalty", type=float, default=0.0, help="α of α·Σu² on the rescaled weights (metric units)")
+    p.add_argument("--length-ratio", metavar="LOW:HIGH", help=LENGTH_RATIO_HELP)
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     p.add_argument("--out", type=Path, help="the JSON report to write")
     p.add_argument("--cache-dir", type=Path, help="LM score caches, NAME.lmscores.jsonl (default: beside --out)")
@@ -207,6 +208,9 @@ def run_evaluate(args) -> int:
     if not args.penalty >= 0 or args.restarts < 0 or args.bootstrap_samples < 1:
         raise ValueError("--penalty, --restarts: expected numbers >= 0; --bootstrap-samples: at least 1")
     bounds = parse_bounds(args.bounds)
+    length_ratio = parse_length_ratio(args.length_ratio)
+    if length_ratio is not None and args.metric != "bleu":
+        raise ValueError(f"--length-ratio bounds BLEU tuning (MT lists), not --metric {args.metric}")
     ablate = None if args.ablate is None else [g for g in args.ablate.split(",") if g and g != "none"]
     if ablate and (unknown := [g for g in ablate if g not in GROUPS]):
         raise ValueError(f"--ablate {args.ablate!r}: unknown group {unknown[0]!r}; expected some of {GROUPS}")
@@ -263,6 +267,7 @@ def run_evaluate(args) -> int:
         data[name] = ListData(name, nbest, scores, documents)
 
     search = {"methods": methods, "restarts": args.restarts, "penalty": args.penalty, "bounds": bounds}
+    search["length_ratio"] = length_ratio
     sections: dict = {}
     records = []
     for group, expanded in by_systems:

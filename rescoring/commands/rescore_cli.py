@@ -89,7 +89,16 @@ from lmserve.rescoring.rescore import (
 )
 from lmserve.rescoring.rescore import tune as tune_setup
 from lmserve.rescoring.scorer_args import add_device_argument, add_precision_argument, precision_conflict
-from lmserve.rescoring.tune import METHODS, check_bounds, format_stability, parse_bounds, read_weights, write_weights
+from lmserve.rescoring.tune import (
+    LENGTH_RATIO_HELP,
+    METHODS,
+    check_bounds,
+    format_stability,
+    parse_bounds,
+    parse_length_ratio,
+    read_weights,
+    write_weights,
+)
 
 OFFENDERS = 5  # the worst references the leakage check lists in a report
 
@@ -112,6 +121,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     tune.add_argument("--bounds", default="", metavar="NAME=LOW:HIGH,...", help="weight limits, e.g. interp=0:")
     tune.add_argument("--penalty", type=float, default=0.0, help="α of α·Σu² on the rescaled weights (metric units)")
+    tune.add_argument("--length-ratio", metavar="LOW:HIGH", help=LENGTH_RATIO_HELP)
     tune.add_argument("--out", required=True, type=Path, help="weights file (JSON) to write")
     tune.add_argument(
         "--shard",
@@ -468,6 +478,9 @@ def run_tune(args) -> int:
     bounds = check_bounds(parse_bounds(args.bounds), setup.features, args.fixed or setup.features[0])
     if not args.penalty >= 0:
         raise ValueError(f"--penalty {args.penalty}: expected a number >= 0")
+    length_ratio = parse_length_ratio(args.length_ratio)
+    if length_ratio is not None and args.metric != "bleu":
+        raise ValueError(f"--length-ratio bounds BLEU tuning (MT lists), not --metric {args.metric}")
     if args.require_folds and not 0 < args.require_folds <= args.cv:
         raise ValueError(f"--require-folds {args.require_folds}: expected 1 to --cv ({args.cv})")
     shard = Shard.parse(args.shard) if args.shard else None
@@ -490,6 +503,7 @@ def run_tune(args) -> int:
     )
     owners = None if len(parts) == 1 else [part.name for part in parts for _ in part.entries]
     search = {"methods": methods, "restarts": args.restarts, "seed": args.seed, "bounds": bounds}
+    search["length_ratio"] = length_ratio
     tuned = tune_setup(
         nbest, setup, lm_scores, args.metric, args.fixed, lambdas, args.cv,
         penalty=args.penalty, require_folds=args.require_folds, owners=owners, **search,
