@@ -62,7 +62,7 @@ import numpy as np
 
 from benchmarks.common import DATA_DIR, RESULTS, ROOT, write_result
 from lmserve.rescoring import lmscores
-from lmserve.rescoring.metrics import wer_stats
+from lmserve.rescoring.metrics import oracle_wer
 from lmserve.rescoring.nbest import read_nbest
 
 LM = ROOT / "models" / "english_lm"
@@ -212,11 +212,10 @@ def lm_preferences(name: str, listed: Path, cache: Path) -> dict:
     rows = lmscores.read_cache(cache, key)
     counts = dict.fromkeys(("oracle_better", "neural_prefers_oracle", "neural_prefers_1best"), 0)
     counts |= dict.fromkeys(("ngram_prefers_oracle", "ngram_prefers_1best"), 0)
-    for entry, hyps in zip(nbest, rows, strict=True):
-        texts = [h.text for h in entry.hypotheses]
-        errors = wer_stats([entry.references[0]] * len(texts), texts)[:, 0]
-        best = int(np.argmin(errors))
-        if errors[best] >= errors[0]:
+    texts = [[h.text for h in entry.hypotheses] for entry in nbest]
+    oracles = oracle_wer([entry.references[0] for entry in nbest], texts)  # ties to the lower rank: > 0 is better
+    for best, hyps in zip(oracles, rows, strict=True):
+        if best == 0:
             continue
         counts["oracle_better"] += 1
         neural = np.array([h.neural.sum() for h in (hyps[0], hyps[best])])

@@ -354,10 +354,13 @@ def parse_range(text: str) -> tuple[float | None, float | None] | None:
     return pair
 
 
-def parse_length_ratio(text: str | None) -> tuple[float | None, float | None] | None:
-    """``--length-ratio LOW:HIGH`` (e.g. ``0.99:1.03``, either side may be empty) -> (low, high), or None."""
+def parse_length_ratio(text: str | None, metric: str) -> tuple[float | None, float | None] | None:
+    """``--length-ratio LOW:HIGH`` (e.g. ``0.99:1.03``, either side may be empty) -> (low, high), or None; refused
+    for a metric other than BLEU, whose statistics alone hold the lengths."""
     if text is None:
         return None
+    if metric != "bleu":
+        raise ValueError(f"--length-ratio bounds BLEU tuning (MT lists), not --metric {metric}")
     pair = parse_range(text)
     if pair is None or pair == (None, None) or any(x is not None and x <= 0 for x in pair):
         raise ValueError(f"--length-ratio {text!r}: expected LOW:HIGH, positive ratios, e.g. 0.99:1.03")

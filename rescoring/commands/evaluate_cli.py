@@ -208,9 +208,7 @@ def run_evaluate(args) -> int:
     if not args.penalty >= 0 or args.restarts < 0 or args.bootstrap_samples < 1:
         raise ValueError("--penalty, --restarts: expected numbers >= 0; --bootstrap-samples: at least 1")
     bounds = parse_bounds(args.bounds)
-    length_ratio = parse_length_ratio(args.length_ratio)
-    if length_ratio is not None and args.metric != "bleu":
-        raise ValueError(f"--length-ratio bounds BLEU tuning (MT lists), not --metric {args.metric}")
+    length_ratio = parse_length_ratio(args.length_ratio, args.metric)
     ablate = None if args.ablate is None else [g for g in args.ablate.split(",") if g and g != "none"]
     if ablate and (unknown := [g for g in ablate if g not in GROUPS]):
         raise ValueError(f"--ablate {args.ablate!r}: unknown group {unknown[0]!r}; expected some of {GROUPS}")

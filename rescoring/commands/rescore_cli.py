@@ -478,9 +478,7 @@ def run_tune(args) -> int:
     bounds = check_bounds(parse_bounds(args.bounds), setup.features, args.fixed or setup.features[0])
     if not args.penalty >= 0:
         raise ValueError(f"--penalty {args.penalty}: expected a number >= 0")
-    length_ratio = parse_length_ratio(args.length_ratio)
-    if length_ratio is not None and args.metric != "bleu":
-        raise ValueError(f"--length-ratio bounds BLEU tuning (MT lists), not --metric {args.metric}")
+    length_ratio = parse_length_ratio(args.length_ratio, args.metric)
     if args.require_folds and not 0 < args.require_folds <= args.cv:
         raise ValueError(f"--require-folds {args.require_folds}: expected 1 to --cv ({args.cv})")
     shard = Shard.parse(args.shard) if args.shard else None
