@@ -359,13 +359,13 @@ def parse_length_ratio(text: str | None, metric: str) -> tuple[float | None, flo
     for a metric other than BLEU, whose statistics alone hold the lengths."""
     if text is None:
         return None
-    if metric != "bleu":
-        raise ValueError(f"--length-ratio bounds BLEU tuning (MT lists), not --metric {metric}")
     pair = parse_range(text)
     if pair is None or pair == (None, None) or any(x is not None and x <= 0 for x in pair):
         raise ValueError(f"--length-ratio {text!r}: expected LOW:HIGH, positive ratios, e.g. 0.99:1.03")
     if pair[0] is not None and pair[1] is not None and pair[0] > pair[1]:
         raise ValueError(f"--length-ratio {text!r}: the low limit is above the high one")
+    if metric != "bleu":
+        raise ValueError(f"--length-ratio bounds BLEU tuning (MT lists), not --metric {metric}")
     return pair
 
 
