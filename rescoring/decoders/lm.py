@@ -402,6 +402,9 @@ class DecoderLM:
     def _score_words(self, pairs: list[tuple[LMState, str, bool]], tokens: list, keep: bool) -> list[LMState]:
         """:meth:`_score` of the usual beam step, words of one token each and no </s>: one round, the same states
         and sums (0 + x is x), without the bookkeeping of several rounds."""
+        backend = self.backend
+        if type(backend) is LocalBackend and backend.full:
+            return self._look_up_words(backend, pairs, tokens, keep)
         groups: dict[int, tuple[LMState, dict[str, int]]] = {}  # id(state) -> (state, {token: its place})
         for (state, _, _), (token,) in zip(pairs, tokens, strict=True):
             group = groups.get(id(state))
@@ -423,6 +426,26 @@ class DecoderLM:
                 state.children[(word, end)] = child
             done.append(child)
         with self._lock:
+            self.pairs += len(pairs)
+        return done
+
+    def _look_up_words(self, backend: LocalBackend, pairs: list, tokens: list, keep: bool) -> list[LMState]:
+        """:meth:`_score_words` with a local backend that keeps whole distributions: the states not stepped yet are
+        stepped in one run, and then every word is a lookup, so the pairs need no grouping by state and no items.
+        flashlight asks one pair at a time, so this path's cost per pair is most of its LM's Python time (a local
+        backend has no fallback and no epochs: nothing of :meth:`_call` applies)."""
+        backend.step_fresh([state.handle for state, _, _ in pairs])
+        lookup, as_written, done = backend.lookup, self.as_written, []
+        for (state, word, end), (token,) in zip(pairs, tokens, strict=True):
+            s = lookup(state.handle, token, keep)
+            child = LMState(s.handle, state, token, state.neural + s.neural, state.logprob + s.logprob,
+                            state.oov + s.oov, state.words + 1, False, s.logprob, bool(s.oov) or not as_written(word),
+                            1, state.epoch)  # fmt: skip
+            if keep:
+                state.children[(word, end)] = child
+            done.append(child)
+        with self._lock:
+            self.calls += 1
             self.pairs += len(pairs)
         return done
 
@@ -572,20 +595,27 @@ class LocalBackend:
     def _step_words(self, items: list[tuple[LMState, list[str]]], keep: bool) -> list[list[Scored]]:
         handles = [state.handle for state, _ in items]
         if self.full:
-            # (once each: the states of several items may share a handle, after a word of punctuation reading nothing)
-            fresh = list({id(handle): handle for handle in handles if handle.scores is None}.values())
-            if fresh:
-                scores, h_out, c_out = self._run(fresh, None)
-                for i, handle in enumerate(fresh):
-                    handle.scores, handle.h_out, handle.c_out = scores[i], h_out[:, i], c_out[:, i]
-            lookup = self._lookup
+            self.step_fresh(handles)
+            lookup = self.lookup
             return [
                 [lookup(handle, word, keep) for word in words]
                 for (_, words), handle in zip(items, handles, strict=True)
             ]
         return self._step_candidates(handles, [words for _, words in items], keep)
 
-    def _lookup(self, handle: LocalState, word: str, keep: bool) -> Scored:
+    def step_fresh(self, handles: list[LocalState]) -> None:
+        """(``full``) Step the states of ``handles`` not stepped yet, in one run of ``step_full``, each once (several
+        may share a handle, after a word of punctuation reading nothing), keeping their distributions."""
+        fresh = [handle for handle in handles if handle.scores is None]
+        if not fresh:
+            return
+        if len(fresh) > 1:
+            fresh = list({id(handle): handle for handle in fresh}.values())
+        scores, h_out, c_out = self._run(fresh, None)
+        for i, handle in enumerate(fresh):
+            handle.scores, handle.h_out, handle.c_out = scores[i], h_out[:, i], c_out[:, i]
+
+    def lookup(self, handle: LocalState, word: str, keep: bool) -> Scored:
         """A word after a stepped state (``handle.scores`` set): its score read off the state's distribution, the
         n-gram asked and the two mixed in Python floats, which costs less than numpy's arrays for the few words a
         beam step asks (the same arithmetic as :meth:`_step_candidates`, so the same scores to the bit)."""
