@@ -11,6 +11,7 @@ is missing."""
 
 import contextlib
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -102,17 +103,18 @@ def test_pyctcdecode_decodes_with_a_local_bundle_and_its_lm_scores_add_up(local,
         assert state.logprob == pytest.approx(state.neural, abs=1e-9)  # no n-gram: logprob is the neural score
 
 
+@pytest.mark.parametrize("ngram", [False, True], ids=["neural", "interpolated"])
 @pytest.mark.parametrize("hotwords", [None, ["w3 w12", "w7"]], ids=["no-hotwords", "hotwords"])
-def test_a_beam_step_is_one_lm_call_and_decodes_as_pyctcdecode_alone(bundle, hotwords):
+def test_a_beam_step_is_one_lm_call_and_decodes_as_pyctcdecode_alone(bundle, root, hotwords, ngram):
     """The batched decoder gives pyctcdecode's own answer with the same LM, in fewer calls, scoring fewer words: not
-    those of beams that the step's pruning drops whatever their scores. Hotwords count as in pyctcdecode (without
-    them, the batched decoder skips their scorer, whose scores are all 0)."""
+    those of beams that the step's pruning drops whatever their scores (with an n-gram, bounded by it). Hotwords
+    count as in pyctcdecode (without them, the batched decoder skips their scorer, whose scores are all 0)."""
     rng = np.random.default_rng(3)
     channel = Channel(sub=0.15, dropped=0.05, ins=0.05)
     utterances = [channel.emissions(text, LABELS, rng) for text in SENTENCES]
     results, calls = {}, {}
     for name, make in (("batched", BatchedBeamSearchDecoderCTC), ("plain", pyctcdecode.BeamSearchDecoderCTC)):
-        lm = DecoderLM.local(bundle)
+        lm = DecoderLM.local(bundle, root / "train3.bin", LAMBDA) if ngram else DecoderLM.local(bundle)
         decoder = make(pyctcdecode.Alphabet.build_alphabet(LABELS), LMServeLanguageModel(lm, alpha=0.8, beta=0.5))
         results[name] = [decoder.decode_beams(e, beam_width=8, hotwords=hotwords)[:3] for e in utterances]
         calls[name] = (lm.calls, lm.pairs)
@@ -282,6 +284,30 @@ def test_the_lm_bound_lets_the_decoder_skip_words_of_beams_it_would_drop(bundle)
     assert LMServeLanguageModel(lm).max_fused() is None  # a model whose scores are not log-probabilities
 
 
+def test_a_words_bound_is_never_below_its_score_and_knows_its_oov(bundle, root):
+    """``word_bound``: before any neural step, a local word-level LM bounds a word's score (with an n-gram, by the
+    n-gram's share of the interpolation, well below max_logprob for most words) and says whether the word is out of
+    its vocabulary; a remote or unnormalised LM says nothing."""
+    lm = DecoderLM.local(bundle, root / "train3.bin", LAMBDA)
+    words = ["w1", "w3", "w12", "zzz", "'w1", "<unk>"]
+    states = [lm.start()]
+    for word in ("w1", "w2", "zzz"):
+        states.append(lm.score(states[-1], word)[1])
+    tighter = 0
+    for state in states:
+        for word in words:
+            top, oov = lm.word_bound(state, word)
+            _, child = lm.score(state, word)
+            assert child.word_logprob <= top <= lm.max_logprob and oov == child.word_oov, (word, top, child)
+            tighter += top < math.log(0.9)
+    assert tighter > len(states) * len(words) / 2
+    assert lm.word_bound(states[0], "w1 w2") is None  # (two tokens)
+    neural = DecoderLM.local(bundle)
+    assert neural.word_bound(neural.start(), "w1") == (neural.max_logprob, False)
+    neural.backend.max_logprob = None
+    assert neural.word_bound(neural.start(), "w1") is None
+
+
 def noisy(texts, seed=11):
     rng = np.random.default_rng(seed)
     channel = Channel(sub=0.15, dropped=0.05, ins=0.05)
@@ -293,13 +319,18 @@ def test_pyctcdecode_with_lm_serve_decodes_as_with_the_local_bundle(server, bund
     local = DecoderLM.local(bundle, root / "train3.bin", LAMBDA)
     with DecoderLM.remote(server.address, "exact", stream=how != "batch", cache_states=how == "stream-cache") as remote:
         decoders = [build_ctcdecoder(LABELS, lm, alpha=0.8, beta=0.5) for lm in (local, remote)]
+        unbounded = DecoderLM.local(bundle, root / "train3.bin", LAMBDA)
+        unbounded.word_bound = lambda state, word: None  # max_logprob alone, as the remote LM's bound
         for emissions in noisy(SENTENCES):
+            decode_path(build_ctcdecoder(LABELS, unbounded, alpha=0.8, beta=0.5), emissions, 12)
             (text, state), (remote_text, remote_state) = (decode_path(d, emissions, 12) for d in decoders)
             assert remote_text == text
             assert remote_state.logprob == pytest.approx(state.logprob, abs=1e-4)
             assert state.logprob == pytest.approx(sentence_logprob(engine, text, interpolated=True), abs=1e-4)
             assert remote_state.neural == pytest.approx(sentence_logprob(engine, text), abs=1e-4)
-        assert remote.calls == local.calls  # one request per beam step and token depth, as one local step
+        assert remote.calls == unbounded.calls  # one request per beam step and token depth, as one local step
+        # the local LM's n-gram bound prunes beams that the remote one's cannot (word_bound): fewer steps
+        assert 0 < local.calls < remote.calls
         if how == "stream-cache":
             del decoders, state, remote_state
             import gc

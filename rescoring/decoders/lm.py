@@ -312,6 +312,23 @@ class DecoderLM:
         unnormalised: any bound)."""
         return self.backend.max_logprob
 
+    def word_bound(self, state: LMState, word: str) -> tuple[float, bool] | None:
+        """What is known of ``word`` after ``state`` before any neural step: an upper bound of its LM score (above
+        ``max_logprob`` never) and whether it is out of the vocabulary (``LMState.word_oov``). None where nothing
+        is known beyond ``max_logprob``: a remote or subword model, a word of several tokens or none.
+
+        A local word-level bundle knows both: its vocabulary says whether the word is out of it, and with an n-gram
+        interpolated at λ a word's score is at most ln(λ · e^max_logprob + (1 − λ) · p_ngram), one KenLM query; a
+        decoder prunes with it before it steps the LSTM (``pyctcdecode_lm``)."""
+        backend = self.backend
+        if type(backend) is not LocalBackend or not backend.words or backend.max_logprob is None:
+            return None
+        tokens = self.tokens_of(word)
+        if len(tokens) != 1:
+            return None
+        top, oov = backend.bound(state.handle, tokens[0])
+        return top, oov or not self.as_written(word)
+
     def start(self) -> LMState:
         """A new utterance's state; after a fallback, once ``retry_server`` seconds have passed, the server is asked
         again first."""
@@ -628,6 +645,18 @@ class LocalBackend:
             logprob = logaddexp(self.log_lam + neural, self.log_rest + ngram * LN10)
         oov = word_id == self.unk_id and word != self.unk_token
         return Scored(neural, logprob, oov, LocalState(word_id, handle.h_out, handle.c_out, after) if keep else None)
+
+    def bound(self, handle: LocalState, word: str) -> tuple[float, bool]:
+        """(word-level, normalised) ``DecoderLM.word_bound`` of one token: the bound of its score after ``handle``
+        and whether it is out of the vocabulary. The arithmetic of :meth:`lookup`'s with the neural score at its
+        highest: logaddexp grows with its arguments, so the bound is never below the score."""
+        word_id = self.index.get(word, self.unk_id)
+        oov = word_id == self.unk_id and word != self.unk_token
+        if not self.interpolate:
+            return self.max_logprob, oov
+        ngram = self.ngram_model.BaseScore(handle.ngram, word if word in self.known else self.unk_word,
+                                           self.kenlm_state())  # fmt: skip
+        return logaddexp(self.log_lam + self.max_logprob, self.log_rest + ngram * LN10), oov
 
     def _step_candidates(self, handles: list[LocalState], words: list[list[str]], keep: bool) -> list[list[Scored]]:
         """One run of the ``step`` graph scoring each state's words (a vocabulary too large for whole

@@ -103,6 +103,22 @@ class LMServeLanguageModel(AbstractLanguageModel):
             return None
         return self.alpha * top + max(self.beta, 0.0) + max(self.unk_score_offset, 0.0)
 
+    def fused_bound(self, state: LMState, word: str, is_last_word: bool, top: float) -> float:
+        """The highest score :meth:`score` can give ``word`` after ``state``, from what the LM knows of it before a
+        neural step (``DecoderLM.word_bound``: with an n-gram, its score; the vocabulary, whether the offset
+        applies), else ``top`` (:meth:`max_fused`, not None). The arithmetic of :meth:`fused` with the word's score
+        at its bound (``alpha`` ≥ 0: :meth:`max_fused` is None otherwise), so that rounding keeps it a bound."""
+        known = self.lm.word_bound(state, word)
+        if known is None:
+            return top
+        logprob, oov = known
+        if is_last_word and self.score_boundary:
+            logprob += self.lm.max_logprob  # (</s>)
+        bonus = self.beta
+        if oov:
+            bonus += self.unk_score_offset
+        return self.alpha * logprob + bonus
+
     def fused(self, state: LMState) -> float:
         """What the decoder adds for the word that led to ``state``: beta for a word the LM read, the offset for one
         out of its vocabulary (punctuation alone included: the LM reads nothing of it, the transcript keeps it)."""
@@ -191,7 +207,8 @@ class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
             kept = []
             for place, beam, new_text, partial in pending:
                 # the arithmetic of the exact score below, with the highest word score: never below it
-                bound = (cached_lm_scores[(beam[0], False)][1] + top) + hotword(new_text)
+                _, raw, state = cached_lm_scores[(beam[0], False)]
+                bound = (raw + language_model.fused_bound(state, beam[1], is_eos, top)) + hotword(new_text)
                 if beam[2]:
                     bound += partial
                 if beam[6] + bound >= cut:
