@@ -315,19 +315,17 @@ def fit(
     owners: Sequence | None = None,
     groups: Sequence | None = None,
 ) -> Fit:
-    """The recipe's weights on ``sets`` (one per λ, the same entries): tuned at each λ, the best kept (ties to the
-    first); with ``guard`` (folds, required), kept only when the per-list guard says so (``owners``: each entry's
+    """The recipe's weights on ``sets`` (one per λ, the same entries): tuned at each λ, the best search objective
+    kept (ties to the first: the metric with the penalty and the length bound, which the metric alone would let a
+    λ evade); with ``guard`` (folds, required), kept only when the per-list guard says so (``owners``: each entry's
     list; ``groups``: its document, kept whole in the guard's folds)."""
     args = recipe.tune_args()
     best: tuple[float | None, TuneResult] | None = None
     by_lambda = {}
     for lam, data in sets.items():
-        higher = metrics.HIGHER_IS_BETTER[data.metric]
         result = tune_weights(data, seed=seed, **args)
         by_lambda[lam] = result.dev_metric
-        if best is None or (
-            result.dev_metric > best[1].dev_metric if higher else result.dev_metric < best[1].dev_metric
-        ):
+        if best is None or result.objective < best[1].objective:
             best = (lam, result)
     lam, result = best
     if not guard:

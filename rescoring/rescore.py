@@ -322,12 +322,7 @@ def tune(
             data = replace(aligned, features=trial.matrices(nbest, lm_scores))
         result = tune_weights(data, fixed=fixed, **tune_args)
         by_lambda[lam] = result.dev_metric
-        better = best is None or (
-            result.dev_metric > best[1].dev_metric
-            if metrics.HIGHER_IS_BETTER[metric]
-            else result.dev_metric < best[1].dev_metric
-        )
-        if better:
+        if best is None or result.objective < best[1].objective:  # (the penalty and length bound count too)
             best = (trial, result, data)
     trial, result, data = best
     cv = None

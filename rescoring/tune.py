@@ -200,6 +200,9 @@ class TuneResult:
     signature: str
     settings: dict  # methods, restarts, seed, maxfev, bounds, penalty: what reproduces the search
     run_weights: list[dict[str, float]] = field(default_factory=list)  # each run's best point, in ``runs`` order
+    # what the search minimised at ``weights``: the metric (negated where higher is better) plus the penalty and the
+    # length bound's cost; the measure to compare searches of the same list by (e.g. one per λ)
+    objective: float = math.nan
 
     @property
     def weight_spread(self) -> dict[str, dict[str, float]]:
@@ -306,6 +309,7 @@ def tune_weights(
             "length_ratio": None if length_ratio is None else list(length_ratio),
         },
         run_weights=run_weights,
+        objective=float(best_objective),
     )
 
 

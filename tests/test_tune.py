@@ -4,7 +4,8 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from lmserve.rescoring import metrics, tune
+from lmserve.rescoring import evaluation, metrics, tune
+from lmserve.rescoring.evaluation import Recipe
 from lmserve.rescoring.tune import TuningSet
 
 NAMES = ("base", "lm", "noise")
@@ -111,6 +112,24 @@ def test_a_length_ratio_bound_keeps_bleu_tuning_from_buying_bleu_with_length():
     assert bounded.settings["length_ratio"] == [1.2, None]
     with pytest.raises(ValueError, match="length_ratio bounds BLEU tuning, not wer"):
         tune.tune_weights(synthetic_wer_set(20), length_ratio=(0.9, 1.1))
+
+
+def test_the_lambda_of_interp_is_chosen_by_the_search_objective_with_its_length_bound():
+    """One search per λ: the λ kept is the one whose search did best on what it minimised (BLEU with the length
+    bound's cost), not on BLEU alone, which would let a λ whose best choices break the bound win. Here λ 0.2's
+    features allow only the exact references (BLEU 100, length ratio 1.0, outside the bound), λ 0.8's the longer
+    ones (ratio 1.25, inside)."""
+    rng = np.random.default_rng(0)
+    words = "the cat sat on a mat and dog ran far".split()
+    refs = [" ".join(rng.choice(words, size=8)) for _ in range(20)]
+    nbest = [[ref, f"{ref} far away"] for ref in refs]
+    exact = TuningSet.from_bleu("toy", ("base", "interp"), [np.array([[1.0, 0.0], [0.0, 0.0]])] * 20, [refs], nbest)
+    longer = TuningSet.from_bleu("toy", ("base", "interp"), [np.array([[0.0, 0.0], [1.0, 0.0]])] * 20, [refs], nbest)
+    recipe = Recipe(("base", "interp"), "base", lambdas=(0.2, 0.8), search={"restarts": 1, "length_ratio": (1.2, None)})
+    fit = evaluation.fit({0.2: exact, 0.8: longer}, recipe)
+    assert fit.by_lambda[0.2] == pytest.approx(100.0) and fit.by_lambda[0.8] < 100.0  # BLEU alone picks 0.2 ...
+    assert fit.lam == 0.8  # ... the bound picks 0.8
+    assert fit.result.objective < tune.tune_weights(exact, restarts=1, length_ratio=(1.2, None)).objective
 
 
 def test_from_wer_uses_jiwer_errors():
