@@ -10,8 +10,10 @@ extra's comment in pyproject.toml says why; ``make test`` installs both): their 
 is missing."""
 
 import contextlib
+import gc
 import logging
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -306,6 +308,32 @@ def test_a_words_bound_is_never_below_its_score_and_knows_its_oov(bundle, root):
     assert neural.word_bound(neural.start(), "w1") == (neural.max_logprob, False)
     neural.backend.max_logprob = None
     assert neural.word_bound(neural.start(), "w1") is None
+
+
+def test_a_finished_search_is_freed_without_the_cycle_collector(bundle):
+    """A state and its parent refer to each other through the parent's memo; at the end of a search the decoder
+    empties the memos (``LMState.forget_children``), so that with the cycle collector off only the path of the
+    state kept is left alive, and that path still reads as the decoded text."""
+    lm = DecoderLM.local(bundle)
+    made = []
+    look_up = lm._look_up_words
+
+    def watched(*args):
+        children = look_up(*args)
+        made.extend(weakref.ref(child) for child in children)
+        return children
+
+    lm._look_up_words = watched
+    decoder = build_ctcdecoder(LABELS, lm, alpha=0.8, beta=0.5)
+    gc.collect()
+    gc.disable()
+    try:
+        text, state = decode_path(decoder, noisy(SENTENCES)[2], 12)
+        alive = [ref() for ref in made if ref() is not None]
+    finally:
+        gc.enable()
+    assert len(made) > 50 and state.history() == text.split()
+    assert len(alive) <= len(text.split()), len(alive)  # the kept path (its words; </s> adds no token state)
 
 
 def noisy(texts, seed=11):

@@ -61,7 +61,10 @@ class LMServeFlashlightLM(_LM):
         self.root: _LMState | None = None
 
     def start(self, start_with_nothing: bool = False) -> _LMState:
-        """A new utterance: the states of the last one are dropped."""
+        """A new utterance: the states of the last one are dropped (and their memo emptied:
+        ``LMState.forget_children``)."""
+        if self.root is not None:
+            self.states[self.root].forget_children()
         state = self.root = _LMState()
         self.states = {state: self.lm.start()}
         self.answers = {}

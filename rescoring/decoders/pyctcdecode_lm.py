@@ -142,17 +142,22 @@ class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
 
     def _decode_logits(self, logits, beam_width, beam_prune_logp, token_min_logp, prune_history, hotword_scorer,
                        lm_start_state=None):  # fmt: skip
+        root = None
         if isinstance(self._language_model, LMServeLanguageModel):
             # pruning by history keeps one beam per (last order - 1 words, partial word, last character): with all of
             # the history counting (order: infinite) every beam is already alone after pyctcdecode's merge, so the
             # pruning drops nothing and only costs a split of every beam's text per frame
             prune_history = False
             self._search.limits = (beam_width, beam_prune_logp)
+            if lm_start_state is None:
+                lm_start_state = root = self._language_model.get_start_state()
         try:
             return super()._decode_logits(logits, beam_width, beam_prune_logp, token_min_logp, prune_history,
                                           hotword_scorer, lm_start_state)  # fmt: skip
         finally:
             self._search.limits = None
+            if root is not None:
+                root.forget_children()
 
     def _get_lm_beams(self, beams, hotword_scorer, cached_lm_scores, cached_partial_token_scores, is_eos=False):
         """pyctcdecode's ``_get_lm_beams`` (the same beams, scores and cache entries) with the words of the step
