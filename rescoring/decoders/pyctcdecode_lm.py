@@ -165,7 +165,8 @@ class BatchedBeamSearchDecoderCTC(BeamSearchDecoderCTC):
 
         The caller keeps the ``beam_width`` best beams within ``beam_prune_logp`` of the best. A beam whose word is
         not scored yet has a bound: its score with the highest fused score any word can have (``alpha`` · the
-        LM's highest log-probability + ``beta`` + a positive ``unk_score_offset``; ``max_fused``). A beam whose
+        LM's highest log-probability + ``beta`` + a positive ``unk_score_offset``; ``max_fused``), or a tighter one
+        where the LM knows more of the word before its neural step (``fused_bound``). A beam whose
         bound is below the ``beam_width``-th best score known, or below the best known + ``beam_prune_logp``, is
         dropped unscored: the caller would drop it anyway (strictly below, so ties cannot change its choice), and
         the beams returned keep their order, so its ``nlargest`` picks the same beams in the same order."""
