@@ -1,4 +1,5 @@
-"""The english-text preparation: each source's layout becomes LibriSpeech-form sentences, documents split whole."""
+"""The english-text preparation: each source's layout becomes sentences (LibriSpeech form or as written), documents
+split whole."""
 
 import gzip
 
@@ -16,12 +17,12 @@ from lmserve.training.english_text import (
 
 
 def test_chat_tokenisation_is_written_back():
-    assert chat_to_written("I do n't know it 's gon na rain") == "I don't know it's gonna rain"
+    assert chat_to_written("I do n't know it 's gon na rain .") == "I don't know it's gonna rain."
 
 
 def test_each_source_splits_by_its_layout():
     assert raw_sentences("sgd", ["Hi there. Can you book it?", "Sure!"]) == ["Hi there.", "Can you book it?", "Sure!"]
-    assert raw_sentences("cabnc", ["0 .", "we have n't got it .", "xxx ."]) == ["we haven't got it ."]
+    assert raw_sentences("cabnc", ["0 .", "we have n't got it .", "xxx ."]) == ["we haven't got it."]
     talk = ["hello everyone. This is", "a talk"]
     assert raw_sentences("ted", talk) == ["hello everyone.", "This is a talk"]
 
@@ -47,6 +48,20 @@ def test_prepare_english_writes_three_splits(tmp_path):
     assert all(line.isupper() for line in train)
 
 
+def test_the_written_form_keeps_case_punctuation_and_digits_and_leaves_ted_out(tmp_path):
+    data = tmp_path / "english-text"
+    data.mkdir()
+    for source in ("ted", "sgd", "cabnc", "reuters"):
+        body = "\n\n".join(f"{source} says: It costs $2,750 ﬁne. Really?" for _ in range(300))
+        (data / f"{source}.txt.gz").write_bytes(gzip.compress(body.encode()))
+    assert main(["prepare-english", "--form", "written", "--data", str(data), "--out", str(tmp_path / "out")]) == 0
+    train = gzip.decompress((tmp_path / "out" / "train.txt.gz").read_bytes()).decode().splitlines()
+    assert {line.split()[0] for line in train} == {"sgd", "cabnc", "reuters", "Really?"}
+    assert "sgd says: It costs $2,750 fine." in train  # NFKC folds the ligature; nothing else changes
+
+
 def test_unknown_source_is_named(tmp_path):
     with pytest.raises(ValueError, match="unknown english-text source 'tv'"):
         prepare_english_text(tmp_path, tmp_path / "out", ("tv",))
+    with pytest.raises(ValueError, match="unknown english-text form 'caps'"):
+        prepare_english_text(tmp_path, tmp_path / "out", form="caps")

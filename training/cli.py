@@ -154,12 +154,12 @@ def _prepare_gutenberg(args) -> int:
 
 
 def _prepare_english(args) -> int:
-    from lmserve.training.english_text import SOURCES, prepare_english_text
+    from lmserve.training.english_text import prepare_english_text
 
     folder = Path(args.data) if args.data else data_dir() / "english-text"
     check_outputs({"--out": args.out}, {"--data": folder}, {"--out"})
-    sources = tuple(args.sources.split(",")) if args.sources else SOURCES
-    summary = prepare_english_text(folder, Path(args.out), sources)
+    sources = tuple(args.sources.split(",")) if args.sources else None
+    summary = prepare_english_text(folder, Path(args.out), sources, args.form)
     print(json.dumps(summary["counts"], indent=2))
     return 0
 
@@ -286,11 +286,19 @@ def build_parser() -> argparse.ArgumentParser:
     prep.set_defaults(func=_prepare_gutenberg)
 
     eng = sub.add_parser(
-        "prepare-english", help="the shared english-text folder -> LibriSpeech-style train/valid/test sentences"
+        "prepare-english", help="the shared english-text folder -> train/valid/test sentences (LibriSpeech or written)"
     )
     eng.add_argument("--data", help="folder with ted/sgd/cabnc/reuters.txt.gz (default: DATA_DIR/english-text)")
     eng.add_argument("--out", default="var/english-text")
-    eng.add_argument("--sources", help="comma-separated subset of ted,sgd,cabnc,reuters (default: all)")
+    eng.add_argument(
+        "--sources", help="comma-separated subset of ted,sgd,cabnc,reuters (default: all; written: sgd,cabnc,reuters)"
+    )
+    eng.add_argument(
+        "--form",
+        choices=("librispeech", "written"),
+        default="librispeech",
+        help="librispeech: upper-case A-Z words (ASR); written: case, punctuation and digits as written (MT)",
+    )
     eng.set_defaults(func=_prepare_english)
     return parser
 

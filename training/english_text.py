@@ -1,9 +1,15 @@
 """The shared ``english-text`` folder (TED talks, task dialogues, British conversation, Reuters) -> LM sentences.
 
-The general English LM rescores ASR lists (HyPoradise: lower case, no punctuation) and MT k-best lists
-(cased, punctuated): every scorer normalises its input to LibriSpeech form (upper-case A-Z words, in-word apostrophes,
-``core.textnorm`` preset ``librispeech``), so this text is written in that form too, by the same function as the
-Gutenberg books (``training.gutenberg.normalize_librispeech``; sentences with digits are dropped, as there).
+Two forms (``FORMS``):
+
+- ``librispeech``, for the general English LM that rescores ASR lists (HyPoradise: lower case, no punctuation): every
+  ASR scorer normalises its input to LibriSpeech form (upper-case A-Z words, in-word apostrophes, ``core.textnorm``
+  preset ``librispeech``), so this text is written in that form too, by the same function as the Gutenberg books
+  (``training.gutenberg.normalize_librispeech``; sentences with digits are dropped, as there).
+- ``written``, for the MT LM (issue 51, item 4): MT output is cased and punctuated, and BLEU and chrF see both, so
+  this form keeps the text as written (NFKC, single spaces, digits kept); only CHAT's spaces before punctuation go.
+  TED's subtitles have neither case nor punctuation, so this form is made from the other three sources
+  (``WRITTEN_SOURCES``).
 
 The four files differ in how they hold text (data README, section 10), so each has its own splitter:
 
@@ -25,17 +31,20 @@ import hashlib
 import json
 import re
 import sys
+import unicodedata
 from pathlib import Path
 
 from lmserve.core.atomic import atomic_write_bytes
 from lmserve.training.gutenberg import SPLITS, normalize_librispeech, paragraphs, split_sentences
 
 SOURCES = ("ted", "sgd", "cabnc", "reuters")
+WRITTEN_SOURCES = ("sgd", "cabnc", "reuters")
 MAX_WORDS = 50  # longer unpunctuated runs are cut into pieces of at most this many words
 HELD_OUT_PER_MILLE = 4  # documents to valid, and as many to test, per thousand
 _CHAT_CLITIC = re.compile(r" (n't|'(?:s|re|ve|m|ll|d))\b", re.IGNORECASE)
 _CHAT_SPLIT = re.compile(r"\b(gon|wan|got) (na|ta)\b", re.IGNORECASE)
 _CHAT_CODE = re.compile(r"^(?:0|x+|y+|w+)$", re.IGNORECASE)
+_SPACED_PUNCTUATION = re.compile(r" +([.,!?;:])(?= |$)")
 
 
 def documents(text: str) -> list[list[str]]:
@@ -48,8 +57,17 @@ def documents(text: str) -> list[list[str]]:
 
 
 def chat_to_written(turn: str) -> str:
-    """CHAT tokenisation back to written English: "do n't" -> "don't", "it 's" -> "it's", "gon na" -> "gonna"."""
-    return _CHAT_SPLIT.sub(r"\1\2", _CHAT_CLITIC.sub(r"\1", turn))
+    """CHAT tokenisation back to written English: "do n't" -> "don't", "it 's" -> "it's", "gon na" -> "gonna",
+    "lunch ." -> "lunch."."""
+    return _SPACED_PUNCTUATION.sub(r"\1", _CHAT_SPLIT.sub(r"\1\2", _CHAT_CLITIC.sub(r"\1", turn)))
+
+
+def normalize_written(sentence: str) -> str:
+    """A sentence as written, in one Unicode form (NFKC) with single spaces: the ``written`` form."""
+    return " ".join(unicodedata.normalize("NFKC", sentence).split())
+
+
+FORMS = {"librispeech": normalize_librispeech, "written": normalize_written}
 
 
 def raw_sentences(source: str, document: list[str]) -> list[str]:
@@ -74,13 +92,20 @@ def split_of(document: list[str]) -> str:
     return "valid" if digest < HELD_OUT_PER_MILLE else "test" if digest < 2 * HELD_OUT_PER_MILLE else "train"
 
 
-def prepare_english_text(data_dir: Path, out_dir: Path, sources: tuple[str, ...] = SOURCES) -> dict:
-    """Write ``out_dir/{train,valid,test}.txt.gz`` (LibriSpeech-form sentences, one a line, the sources in the order
-    given) and ``prepare.json`` (per source and split: documents, sentences, words; dropped digit sentences)."""
+def prepare_english_text(
+    data_dir: Path, out_dir: Path, sources: tuple[str, ...] | None = None, form: str = "librispeech"
+) -> dict:
+    """Write ``out_dir/{train,valid,test}.txt.gz`` (sentences in ``form``, one a line, the sources in the order given;
+    by default every source the form can use) and ``prepare.json`` (per source and split: documents, sentences,
+    words; dropped digit sentences)."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
+    if form not in FORMS:
+        raise ValueError(f"unknown english-text form {form!r}; expected one of {', '.join(FORMS)}")
+    sources = sources or (WRITTEN_SOURCES if form == "written" else SOURCES)
     unknown = [s for s in sources if s not in SOURCES]
     if unknown:
         raise ValueError(f"unknown english-text source {unknown[0]!r}; expected some of {', '.join(SOURCES)}")
+    normalize = FORMS[form]
     lines: dict[str, list[str]] = {split: [] for split in SPLITS}
     counts: dict[str, dict] = {}
     for source in sources:
@@ -97,7 +122,7 @@ def prepare_english_text(data_dir: Path, out_dir: Path, sources: tuple[str, ...]
             split = split_of(document)
             stats[split]["documents"] += 1
             for raw in (piece for sentence in raw_sentences(source, document) for piece in pieces(sentence)):
-                normalised = normalize_librispeech(raw)
+                normalised = normalize(raw)
                 if normalised is None:
                     digits += 1
                 elif normalised:
@@ -109,6 +134,7 @@ def prepare_english_text(data_dir: Path, out_dir: Path, sources: tuple[str, ...]
     info = {
         "data_dir": str(data_dir.resolve()),
         "sources": list(sources),
+        "form": form,
         "holdout": f"documents by sha256: {HELD_OUT_PER_MILLE}/1000 to valid, {HELD_OUT_PER_MILLE}/1000 to test",
         "counts": counts,
     }
