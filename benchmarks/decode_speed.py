@@ -2,6 +2,8 @@
 
     python -m benchmarks.decode_speed --bundle var/bundles/demo --ngram var/ngrams/demo_3gram.bin --normalize ptb \
         [--utterances 50] [--beam 32] [--alpha 0.6] [--beta 1.5] [--rounds 3]
+    python -m benchmarks.decode_speed --bundle models/english_lm --ngram var/ngrams/english_lm_4gram.bin \
+        --normalize librispeech --name decode_speed_english_lm      # the shipped English LM (make ngram-english_lm)
 
 SYNTHETIC EMISSIONS (benchmarks/synthetic_ctc.py, as decode_synthetic): LibriSpeech dev_other references through a
 character-level noisy channel, in the case of the model's text normaliser (a PTB model reads lower case). Rows, one
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--texts", type=Path, help="(tests) sentences to decode instead of LibriSpeech's")
     parser.add_argument("--labels", default="", help="(tests) CTC labels as one string after the blank")
     parser.add_argument("--no-write", action="store_true", help="print the result, write no file (tests)")
+    parser.add_argument("--name", default="decode_speed", help="the result file's name (another model's run)")
     common.add_results_option(parser)
     args = parser.parse_args(argv)
     common.use_results(args.results)
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
         model={"bundle": str(args.bundle), "ngram": str(args.ngram), "lambda": args.lam, "normalize": normalize},
         labels="".join(labels[1:]),
     )
-    return write_result("decode_speed", metrics, no_write=args.no_write, **extra)
+    return write_result(args.name, metrics, no_write=args.no_write, **extra)
 
 
 if __name__ == "__main__":
