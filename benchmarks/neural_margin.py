@@ -1,7 +1,7 @@
 """What the neural LM adds over a tuned n-gram, on held-out folds, with the shipped model: ``lm-rescore evaluate``
 per set, the same recipe for every set, and the figures of its baselines beside it.
 
-    make ngram-english_lm ngram-books_lm
+    make ngram-english_lm ngram-books_lm ngram-mt_lm
     python -m benchmarks.neural_margin                       # every set; --sets td3 chime4 ... for some
     python -m benchmarks.neural_margin --context             # the same with document context (rescoring.context)
     python -m benchmarks.neural_margin --transfer            # leave one HyPoradise set out -> transfer_loo.json
@@ -42,10 +42,13 @@ bootstrap's share of samples in which the transfer is not worse than the 1-best 
 
 ``--mt``: the WMT22 k-best lists of every system's output (zh-en, de-en), 5-fold contiguous CV inside each pair: the
 consensus recipe (chrF and BLEU agreement with the other systems, votes, lengths, system indicators) with the LMs
-(``neural``, ``ngram``, ``oov_lm``) against the same without them (``P_*_consensus``: the no-LM baseline), BLEU (tuned)
-with chrF and the length ratio beside it, and the best single system's chrF and length ratio (picked with the
-references: a bar, not a method). The LMs read the translations in their own text form (upper-case words, no
-punctuation): they see neither case nor punctuation.
+(``neural``, ``ngram`` and the n-gram's OOV count) against the same without them (``P_*_consensus``: the no-LM
+baseline), BLEU (tuned) with chrF and the length ratio beside it, and the best single system's chrF and length ratio
+(picked with the references: a bar, not a method). The LMs are the cased MT pair (``models/mt_lm``: sentencepiece
+pieces of text as written, and ``var/ngrams/mt_lm_4gram.bin``, the 4-gram of the same text, ``make ngram-mt_lm``),
+which read the translations as they are, case and punctuation included (``P_bleu_lm``, ``P_chrf_lm``); beside them,
+the same recipe with the ASR pair (``models/english_lm`` and its 4-gram, ``oov_lm``), which reads them in LibriSpeech
+form and sees neither case nor punctuation (``P_bleu_lm_normalised``, ``P_chrf_lm_normalised``).
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ from lmserve.rescoring.nbest import read_nbest
 
 LM = ROOT / "models" / "english_lm"
 NGRAM = ROOT / "var" / "ngrams" / "english_lm_4gram.bin"
+MT_LM = ROOT / "models" / "mt_lm"
+MT_NGRAM = ROOT / "var" / "ngrams" / "mt_lm_4gram.bin"
 BOOKS_LM = ROOT / "models" / "books_lm"
 BOOKS_NGRAM = ROOT / "var" / "ngrams" / "books_4gram.bin"
 HYPORADISE = {
@@ -177,26 +182,34 @@ def transfer(args: argparse.Namespace, work: Path) -> dict:
     return metrics
 
 
-MT_RECIPE = [
-    "--features", "consensus_chrf,consensus_bleu,votes,neural,ngram,oov_lm,length,chars,src_ratio,sys_*",
-    "--fixed", "consensus_chrf", "--max-words", "1000",
-]  # fmt: skip
+MT_FEATURES = "consensus_chrf,consensus_bleu,votes,neural,ngram,{oov},length,chars,src_ratio,sys_*"
 
 
 def mt(args: argparse.Namespace, work: Path) -> dict:
-    """``mt_lm_margin.json``'s figures: per WMT22 pair, the LM recipe against consensus alone and the best system."""
+    """``mt_lm_margin.json``'s figures: per WMT22 pair, the LM recipe (the cased MT pair) against consensus alone and
+    the best system, and the same recipe with the ASR pair (``_normalised``)."""
     metrics = {}
+    # suffix -> the LM score cache (a list's cache file holds one pair's scores), the LMs and how they read the text
+    pairs = {
+        "": ("cache_mt_lm", ["--lm", str(args.mt_lm), "--ngram", str(args.mt_ngram),
+                             "--features", MT_FEATURES.format(oov="oov_ngram")]),
+        "_normalised": ("cache", ["--lm", str(args.lm), "--ngram", str(args.ngram), "--normalize", "librispeech",
+                                  "--features", MT_FEATURES.format(oov="oov_lm")]),
+    }  # fmt: skip
     for pair in ("zh-en", "de-en"):
-        out, key = work / f"mt_{pair}.json", pair.replace("-", "_")
-        run([sys.executable, "-m", "lmserve.rescoring", "evaluate", f"{key}={DATA_DIR / 'wmt22-en' / pair}",
-             "--cv", "5", "--metric", "bleu", *MT_RECIPE, "--lm", str(args.lm), "--ngram", str(args.ngram),
-             "--normalize", "librispeech", *SEARCH, "--threads", str(args.threads), "--no-overlap-check", "--quiet",
-             "--out", str(out), "--cache-dir", str(work / "cache")])  # fmt: skip
-        systems = json.loads(out.read_text())["cross_validation"]["lists"][key]["systems"]
-        for name, system in (("consensus", "no_lm"), ("lm", "recipe")):
-            metrics[f"{key}_bleu_{name}"] = systems[system]["bleu"]
-            metrics[f"{key}_chrf_{name}"] = systems[system]["chrf"]
-        metrics[f"{key}_length_ratio"] = systems["recipe"]["length_ratio"]
+        key = pair.replace("-", "_")
+        for suffix, (cache, lms) in pairs.items():
+            out = work / f"mt_{pair}{suffix}.json"
+            run([sys.executable, "-m", "lmserve.rescoring", "evaluate", f"{key}={DATA_DIR / 'wmt22-en' / pair}",
+                 "--cv", "5", "--metric", "bleu", *lms, "--fixed", "consensus_chrf", "--max-words", "1000", *SEARCH,
+                 "--threads", str(args.threads), "--no-overlap-check", "--quiet", "--out", str(out),
+                 "--cache-dir", str(work / cache)])  # fmt: skip
+            systems = json.loads(out.read_text())["cross_validation"]["lists"][key]["systems"]
+            metrics[f"{key}_bleu_lm{suffix}"] = systems["recipe"]["bleu"]
+            metrics[f"{key}_chrf_lm{suffix}"] = systems["recipe"]["chrf"]
+            metrics[f"{key}_length_ratio{suffix}"] = systems["recipe"]["length_ratio"]
+        metrics[f"{key}_bleu_consensus"] = systems["no_lm"]["bleu"]
+        metrics[f"{key}_chrf_consensus"] = systems["no_lm"]["chrf"]
         metrics[f"{key}_chrf_best_system"] = systems["best_system"]["chrf"]
         metrics[f"{key}_length_ratio_best_system"] = systems["best_system"]["length_ratio"]
         metrics[f"{key}_bleu_best_system"] = systems["best_system"]["bleu"]
@@ -236,12 +249,20 @@ def main() -> None:
     parser.add_argument("--context", action="store_true", help="document context (rescoring.context)")
     parser.add_argument("--transfer", action="store_true", help="leave one HyPoradise set out (transfer_loo.json)")
     parser.add_argument("--mt", action="store_true", help="WMT22 zh-en and de-en (mt_lm_margin.json)")
+    parser.add_argument("--mt-lm", type=Path, default=MT_LM, help="the cased MT LM (--mt)")
+    parser.add_argument("--mt-ngram", type=Path, default=MT_NGRAM, help="its n-gram (--mt)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     if args.mt:
         work = ROOT / "var" / "neural_margin"
         work.mkdir(parents=True, exist_ok=True)
-        write_result("mt_lm_margin", mt(args, work), lm=str(args.lm), ngram=str(args.ngram))
+        models = {
+            "mt_lm": str(args.mt_lm),
+            "mt_ngram": str(args.mt_ngram),
+            "lm": str(args.lm),
+            "ngram": str(args.ngram),
+        }
+        write_result("mt_lm_margin", mt(args, work), **models)
         return
     if args.transfer:
         work = ROOT / "var" / "neural_margin"
