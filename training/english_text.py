@@ -56,10 +56,14 @@ def documents(text: str) -> list[list[str]]:
     ]
 
 
+def chat_words(turn: str) -> str:
+    """CHAT's split words joined back: "do n't" -> "don't", "it 's" -> "it's", "gon na" -> "gonna"."""
+    return _CHAT_SPLIT.sub(r"\1\2", _CHAT_CLITIC.sub(r"\1", turn))
+
+
 def chat_to_written(turn: str) -> str:
-    """CHAT tokenisation back to written English: "do n't" -> "don't", "it 's" -> "it's", "gon na" -> "gonna",
-    "lunch ." -> "lunch."."""
-    return _SPACED_PUNCTUATION.sub(r"\1", _CHAT_SPLIT.sub(r"\1\2", _CHAT_CLITIC.sub(r"\1", turn)))
+    """CHAT tokenisation back to written English: :func:`chat_words`, and "lunch ." -> "lunch."."""
+    return _SPACED_PUNCTUATION.sub(r"\1", chat_words(turn))
 
 
 def normalize_written(sentence: str) -> str:
@@ -75,8 +79,10 @@ def raw_sentences(source: str, document: list[str]) -> list[str]:
     if source in ("ted", "reuters"):
         return [s for paragraph in paragraphs(" ".join(document)) for s in split_sentences(paragraph)]
     if source == "cabnc":
-        turns = [chat_to_written(t) for t in document]
-        return [t for t in turns if not all(_CHAT_CODE.match(w) or not w.isalnum() for w in t.split())]
+        # a turn of codes and punctuation only is dropped, judged on its CHAT tokens ("yeah ." keeps its word)
+        turns = [chat_words(t) for t in document]
+        kept = [t for t in turns if not all(_CHAT_CODE.match(w) or not w.isalnum() for w in t.split())]
+        return [_SPACED_PUNCTUATION.sub(r"\1", t) for t in kept]
     return [s for turn in document for s in split_sentences(turn)]
 
 
