@@ -14,6 +14,7 @@ from lmserve.core.bundle import WEIGHT_STORAGES
 from lmserve.core.command import stdout_closed
 from lmserve.core.outputs import check_outputs
 from lmserve.training.config import CHECKOUT_DATA_DIR, DATA_ENV, ConfigError, data_dir, expand_data_path, load_config
+from lmserve.training.english_text import FORMS
 
 
 def _fit(args) -> int:
@@ -295,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     eng.add_argument(
         "--form",
-        choices=("librispeech", "written"),
+        choices=sorted(FORMS),
         default="librispeech",
         help="librispeech: upper-case A-Z words (ASR); written: case, punctuation and digits as written (MT)",
     )

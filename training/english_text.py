@@ -61,9 +61,9 @@ def chat_words(turn: str) -> str:
     return _CHAT_SPLIT.sub(r"\1\2", _CHAT_CLITIC.sub(r"\1", turn))
 
 
-def chat_to_written(turn: str) -> str:
-    """CHAT tokenisation back to written English: :func:`chat_words`, and "lunch ." -> "lunch."."""
-    return _SPACED_PUNCTUATION.sub(r"\1", chat_words(turn))
+def join_stops(turn: str) -> str:
+    """CHAT's spaces before punctuation dropped: "lunch ." -> "lunch."."""
+    return _SPACED_PUNCTUATION.sub(r"\1", turn)
 
 
 def normalize_written(sentence: str) -> str:
@@ -82,7 +82,7 @@ def raw_sentences(source: str, document: list[str]) -> list[str]:
         # a turn of codes and punctuation only is dropped, judged on its CHAT tokens ("yeah ." keeps its word)
         turns = [chat_words(t) for t in document]
         kept = [t for t in turns if not all(_CHAT_CODE.match(w) or not w.isalnum() for w in t.split())]
-        return [_SPACED_PUNCTUATION.sub(r"\1", t) for t in kept]
+        return [join_stops(t) for t in kept]
     return [s for turn in document for s in split_sentences(turn)]
 
 
