@@ -262,6 +262,33 @@ def test_local_states_score_as_lm_rescore_score_and_each_state_steps_once(bundle
             assert counting.rows >= len(stepped)
 
 
+def test_a_state_asked_alone_steps_the_states_made_last_with_it(bundle, root):
+    """flashlight asks one (state, word) at a time: the run that steps a state asked alone takes along the states
+    made last and not stepped yet (STEP_AHEAD), so that asking after them later costs no run, and their scores are
+    those of states stepped one by one (score_many, which never steps ahead)."""
+    lm = DecoderLM.local(bundle, root / "train3.bin", LAMBDA)
+    alone = DecoderLM.local(bundle, root / "train3.bin", LAMBDA)
+    scorer, runs = lm.backend.lm.scorer, []
+    run = scorer.next_word_scores
+
+    def counting(prev, h, c, ids=None, **kwargs):
+        runs.append(len(prev))
+        return run(prev, h, c, ids, **kwargs)
+
+    scorer.next_word_scores = counting
+    words, start = ["w1", "w2", "w3"], lm.start()
+    children = [lm.score(start, w)[1] for w in words]
+    assert runs == [1]  # the start state
+    first, _ = lm.score(children[0], "w2")
+    assert runs == [1, 3]  # w1's state, and w2's and w3's along with it
+    later = [lm.score(child, "w1")[0] for child in children[1:]]
+    assert runs == [1, 3]
+    start = alone.start()
+    states = [state for _, state in alone.score_many([(start, w, False) for w in words])]
+    expected = [alone.score_many([(s, w, False)])[0][0] for s, w in zip(states, ["w2", "w1", "w1"], strict=True)]
+    assert [first, *later] == expected
+
+
 def test_a_lookup_mixes_the_lms_as_numpy_does_to_the_bit():
     """A word read off a stepped state's distribution is interpolated in Python floats (``logaddexp``), the step
     graph's words in numpy arrays: the same formula and libm, so the same scores to the bit, ties and infinities

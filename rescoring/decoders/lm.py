@@ -70,6 +70,13 @@ MAX_STATE_BYTES = 8 << 20
 # state): the shipped 30k-word models (adaptive softmax) decode with them in 4.6x (flashlight) and 1.13x (pyctcdecode)
 # less CPU than with the step graph per candidate (decode_speed on models/english_lm, 10 utterances)
 FULL_VOCABULARY = 32768
+# With whole distributions, a step of one state asked alone (DecoderLM.score: flashlight's callbacks) also steps up to
+# this many of the states made most recently and not stepped yet (LocalBackend.step_fresh): the decoder asks after
+# some of them a few frames later, one at a time, and one run's fixed cost is that of about ten rows (the demo model:
+# 221 us one row, 497 us 16 rows). Most states made are pruned before they are asked, so wider is not better:
+# flashlight, ms per utterance, none / 12 / 16 / 24 / 32: the demo model (30 utterances) 68.1 / 48.2 / 47.2 / 51.3 /
+# 50.4; models/english_lm (10 utterances), none / 8 / 16: 292.6 / 240.1 / 226.1.
+STEP_AHEAD = 16
 # the highest word score of an exactly normalised model (log-probabilities, computed in float32): 0, and a margin
 MAX_LOGPROB = 1e-3
 LN10 = math.log(10)  # (KenLM's scores are log10)
@@ -354,8 +361,17 @@ class DecoderLM:
         return LMState(backend.start(), epoch=epoch)
 
     def score(self, state: LMState, word: str, end: bool = False) -> tuple[float, LMState]:
-        """:meth:`score_many` of one pair (flashlight asks one at a time)."""
-        child = state.children.get((word, end)) or self._score([(state, word, end)], True)[0]
+        """:meth:`score_many` of one pair (flashlight asks one at a time). With a local backend that keeps whole
+        distributions, a state stepped for it takes the states made last along (``STEP_AHEAD``): a caller that asks
+        one pair at a time cannot batch them itself."""
+        child = state.children.get((word, end))
+        if child is None:
+            backend = self.backend
+            tokens = self.tokens_of(word)
+            if type(backend) is LocalBackend and backend.full and len(tokens) == 1 and not end:
+                child = self._look_up_words(backend, [(state, word, end)], [tokens], True, ahead=True)[0]
+            else:
+                child = self._score([(state, word, end)], True)[0]
         return child.word_logprob, child
 
     def score_many(self, pairs: Sequence[tuple[LMState, str, bool]], keep: bool = True) -> list[tuple[float, LMState]]:
@@ -461,12 +477,14 @@ class DecoderLM:
             self.pairs += len(pairs)
         return done
 
-    def _look_up_words(self, backend: LocalBackend, pairs: list, tokens: list, keep: bool) -> list[LMState]:
+    def _look_up_words(
+        self, backend: LocalBackend, pairs: list, tokens: list, keep: bool, ahead: bool = False
+    ) -> list[LMState]:
         """:meth:`_score_words` with a local backend that keeps whole distributions: the states not stepped yet are
         stepped in one run, and then every word is a lookup, so the pairs need no grouping by state and no items.
         flashlight asks one pair at a time, so this path's cost per pair is most of its LM's Python time (a local
         backend has no fallback and no epochs: nothing of :meth:`_call` applies)."""
-        backend.step_fresh([state.handle for state, _, _ in pairs])
+        backend.step_fresh([state.handle for state, _, _ in pairs], ahead)
         lookup, as_written, done = backend.lookup, self.as_written, []
         for (state, word, end), (token,) in zip(pairs, tokens, strict=True):
             s = lookup(state.handle, token, keep)
@@ -586,6 +604,7 @@ class LocalBackend:
         # after the same state in several frames; flashlight asks one word at a time). Larger vocabularies take the
         # step graph, scoring only the words asked: a stepped state's V floats grow with the vocabulary.
         self.full = self.words and len(scorer.bundle.tokens) <= FULL_VOCABULARY
+        self.unstepped: deque[LocalState] = deque(maxlen=STEP_AHEAD)  # (full) the states made last, for step_fresh
         self.interpolate = lm.ngram is not None and lm.lam is not None
         if self.interpolate:
             import kenlm
@@ -636,12 +655,20 @@ class LocalBackend:
             ]
         return self._step_candidates(handles, [words for _, words in items], keep)
 
-    def step_fresh(self, handles: list[LocalState]) -> None:
+    def step_fresh(self, handles: list[LocalState], ahead: bool = False) -> None:
         """(``full``) Step the states of ``handles`` not stepped yet, in one run of ``step_full``, each once (several
-        may share a handle, after a word of punctuation reading nothing), keeping their distributions."""
+        may share a handle, after a word of punctuation reading nothing), keeping their distributions. ``ahead``: the
+        run takes along the ``STEP_AHEAD`` states made last that are not stepped yet (``unstepped``), for a caller
+        that asks one state at a time; rows are independent, so this changes no score, only when a state is stepped.
+        A beam step that asks all its states at once gains nothing by it (pyctcdecode on the demo: 30.8 to 32.2 ms
+        an utterance without, 32.2 to 35.0 with)."""
         fresh = [handle for handle in handles if handle.scores is None]
         if not fresh:
             return
+        if ahead:
+            unstepped = self.unstepped
+            fresh += [handle for handle in unstepped if handle.scores is None]
+            unstepped.clear()  # (another thread's states, or a state two threads step at once: the same scores)
         if len(fresh) > 1:
             fresh = list({id(handle): handle for handle in fresh}.values())
         scores, h_out, c_out = self._run(fresh, None)
@@ -660,7 +687,11 @@ class LocalBackend:
             ngram = self.ngram_model.BaseScore(handle.ngram, word if word in self.known else self.unk_word, after)
             logprob = logaddexp(self.log_lam + neural, self.log_rest + ngram * LN10)
         oov = word_id == self.unk_id and word != self.unk_token
-        return Scored(neural, logprob, oov, LocalState(word_id, handle.h_out, handle.c_out, after) if keep else None)
+        if not keep:
+            return Scored(neural, logprob, oov, None)
+        child = LocalState(word_id, handle.h_out, handle.c_out, after)
+        self.unstepped.append(child)
+        return Scored(neural, logprob, oov, child)
 
     def bound(self, handle: LocalState, word: str) -> tuple[float, bool]:
         """(word-level, normalised) ``DecoderLM.word_bound`` of one token: the bound of its score after ``handle``
