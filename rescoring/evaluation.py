@@ -18,8 +18,8 @@ without the entries it reports:
 
 The recipe is compared, on the same folds and tuned the same way, with **baselines**: the first pass (``1best``,
 each list's first hypothesis); ``no_lm``, the recipe without any LM feature (``neural``, ``ngram``, ``interp``, the
-OOV counts); ``ngram_only``, the recipe without what needs the neural bundle (``neural``, ``interp``, ``oov_lm``;
-the n-gram's scores are those computed beside the bundle, on the bundle's tokens); ``first_pass``, a feature set of
+OOV counts, the ``neural_*`` scores a list carries); ``ngram_only``, the recipe without what needs the neural bundle
+(``neural``, ``interp``, ``oov_lm``, and the other neural LMs' ``neural_*`` scores; the n-gram's scores are those computed beside the bundle, on the bundle's tokens); ``first_pass``, a feature set of
 the first pass alone (e.g. AM only, ``am=0.6*decoder+0.4*ctc``), tuned the same way; and, for lists of MT systems'
 outputs (``sys_*`` indicators, ``rescoring.nbest.wmt``), ``best_system``, the single system with the best corpus
 metric on the list (picked with the references: a bar, not a method). **Ablations** drop one group of features
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from lmserve.rescoring import metrics
-from lmserve.rescoring.features import LIST_FEATURES, VOTES, models_needed, parse_consensus
+from lmserve.rescoring.features import ANNOTATED, LIST_FEATURES, VOTES, models_needed, parse_consensus
 from lmserve.rescoring.nbest import NBestList
 from lmserve.rescoring.rescore import Setup, references_of, tuning_set
 from lmserve.rescoring.tune import (
@@ -133,6 +133,8 @@ def feature_groups(name: str, definitions: Mapping[str, Mapping[str, float]], ha
     needed = models_needed(name, definitions, has_lm)
     if needed:
         return {"neural" if m == "lm" else "ngram" for m in needed}
+    if name.startswith(ANNOTATED):  # another neural LM's scores, carried by the list
+        return {"neural"}
     if parse_consensus(name) is not None:
         return {"consensus"}
     if name == VOTES or name.startswith(SYSTEM_PREFIX):

@@ -7,6 +7,9 @@ Names a weights file or a command line can use:
   silent 0.0 (the best log score there is). Readers fill in what a format defines (Moses lists are sparse: a left-out
   feature is 0) or what ``--feature-default NAME=VALUE`` asks for (``rescoring.nbest.checks``);
 - ``neural``: the neural LM's log-probability of the sentence (natural log, words and ``</s>``);
+- ``neural_NAME``: the sentence score of another neural LM that the list carries as a feature (``lm-rescore
+  annotate`` writes it: a backward LM, a second forward one): read from the list like any feature it carries, and
+  the neural LM's as far as ``evaluate``'s baselines go (``n-gram only`` and ``no LM`` leave it out);
 - ``ngram``: the n-gram's, on the same tokens, but words the n-gram knows and the neural LM does not as they are
   (``rescoring.lmscores``: ``ngram_own``);
 - ``interp``: per-word linear interpolation, Σ log(λ·p_neural + (1 − λ)·p_ngram) with the one weight λ;
@@ -48,6 +51,7 @@ from lmserve.rescoring.lmscores import HypothesisScores, LMSums, concatenated, i
 from lmserve.rescoring.nbest import NBestEntry, NBestList
 
 LM_FEATURES = ("neural", "ngram", "interp", "oov", "oov_lm", "oov_ngram", "length")
+ANNOTATED = "neural_"  # the prefix of the neural LM scores a list carries (lm-rescore annotate)
 NEEDS_LM = LM_FEATURES[:6]
 # which LMs each LM feature needs: "lm" (the neural bundle), "ngram"; ``oov`` is the alias (module docstring)
 NEEDS = {"neural": ("lm",), "ngram": ("ngram",), "interp": ("lm", "ngram"), "oov_lm": ("lm",), "oov_ngram": ("ngram",)}

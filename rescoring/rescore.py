@@ -83,6 +83,7 @@ class LanguageModels:
                 open_vocab=open_vocab,
                 precision=precision,
             )
+            scorer.check_forward("give rescoring's LM features (--lm)")
         normalizer = scorer.normalizer if scorer is not None else PRESETS[normalize or "none"]
         return cls(
             scorer,

@@ -153,6 +153,8 @@ class Scorer:
         # what the LSTM reads before a sentence's first word: <s>, or </s> for a model trained as a stream (it never
         # read <s>, only the </s> that ends the sentence before; ``core.bundle``'s "sentence_start")
         self.start_id = EOS if manifest.get("sentence_start") == "</s>" else BOS
+        # a backward LM reads a sentence last word first (``core.bundle``'s "direction"): encode reverses the words
+        self.backward = manifest.get("direction") == "backward"
         self.pieces = WordPieces(self.bundle) if self.bundle.subword_model else None
         # the words the model knows, those an n-gram beside it must see as themselves rather than <unk>: all of them
         # with an open vocabulary
@@ -259,10 +261,22 @@ class Scorer:
 
     # -- text -> ids -------------------------------------------------------------------------------------------
 
+    def check_forward(self, use: str) -> None:
+        """A backward LM scores whole sentences only, their words reversed: ``use`` (next words for a decoder,
+        features beside an n-gram that reads the words in order) needs a forward one."""
+        if self.backward:
+            raise BundleError(
+                f"{self.bundle.path}: a backward LM (manifest.json 'direction') cannot {use}: it scores whole sentences "
+                f"only; put its scores into the lists as a feature: lm-rescore annotate LIST --lm {self.bundle.path} "
+                "--feature neural_backward --out LIST.jsonl"
+            )
+
     def encode(self, text: str, memo: dict | None = None) -> tuple[list[str], list[int], int]:
-        """Words as the model sees them, their ids (unknown words -> <unk>; with an open vocabulary, every word's
+        """Words as the model sees them (last word first for a backward LM), their ids (unknown words -> <unk>; with an open vocabulary, every word's
         pieces one after another) and how many were unknown; ``memo``: see ``TextNormalizer.normalize``."""
         words = self.normalizer.normalize(text, memo)
+        if self.backward:
+            words = words[::-1]
         if self.pieces is not None:
             ids = [i for w in words for i in self.pieces.spell(w)]
         else:

@@ -58,6 +58,7 @@ def _eval(args) -> int:
     import torch
 
     from lmserve.training.checkpoint import load_model_for_eval, resolve_checkpoint
+    from lmserve.training.corpus import directed
     from lmserve.training.evaluate import evaluate
     from lmserve.training.prepared import open_corpus
     from lmserve.training.subword import checkpoint_subword_model, per_word
@@ -72,7 +73,7 @@ def _eval(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     subword = checkpoint_subword_model(cfg, resolve_checkpoint(args.checkpoint))
-    corpus = open_corpus(args.file, "test", vocab, cfg.data.lowercase, subword)
+    corpus = directed(open_corpus(args.file, "test", vocab, cfg.data.lowercase, subword), cfg.data.direction)
     result = evaluate(model, make_batcher(cfg, corpus, vocab, training=False, trained_mode=trained_mode), vocab.unk_id)
     print(f"{args.file} ({cfg.data.mode} mode): {describe(result, corpus.oov_rate)}", file=sys.stderr)
     words = per_word(result, corpus) if subword else {}

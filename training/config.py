@@ -40,6 +40,11 @@ class DataConfig:
     # with one text file and no data.valid: the last lines of data.train (this share of them, contiguous) become the
     # validation text, written to RUN/carved/ with the rest (training/valid_split.py); 0 = data.valid is required
     valid_fraction: float = 0.0
+    # forward: each word from the words before it; backward: from the words after it, as a backward LM for
+    # rescoring beside a forward one (every split read last word first and last sentence first: a stream carries the
+    # state from a sentence to the one before it). The bundle says so (manifest "direction") and scores sentences
+    # reversed; it gives ``lm-rescore annotate`` a list feature and no decoder scores (docs/training.md)
+    direction: str = "forward"
 
 
 @dataclass
@@ -230,6 +235,7 @@ LINEAR_HEADS = ("full", "slim", "charcnn", "dsoftmax", "cnnsoftmax")
 
 _CHOICES = {
     ("data", "mode"): ("stream", "sentence"),
+    ("data", "direction"): ("forward", "backward"),
     ("vocab", "type"): ("word", "subword"),
     ("vocab", "subword_model"): ("unigram", "bpe"),
     ("head", "type"): ("full", "adaptive", "class", "tree", "slim", "charcnn", "dsoftmax", "cnnsoftmax"),

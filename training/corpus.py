@@ -13,7 +13,7 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -190,6 +190,16 @@ class EncodedCorpus:
 
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    def reversed(self) -> EncodedCorpus:
+        """The corpus read backwards, last sentence first and each sentence last word first (``data.direction =
+        backward``): views, nothing copied."""
+        return replace(self, ids=self.ids[::-1], offsets=self.offsets[-1] - self.offsets[::-1])
+
+
+def directed(corpus: EncodedCorpus, direction: str) -> EncodedCorpus:
+    """``corpus`` in the order a model of ``data.direction`` reads it."""
+    return corpus.reversed() if direction == "backward" else corpus
 
 
 def encode_file(path: str | Path, vocab: Vocabulary, lowercase: bool = False) -> EncodedCorpus:

@@ -42,7 +42,7 @@ from lmserve.training import objectives
 from lmserve.training.batching import SentenceBatches, StreamBatches, sentence_start_id
 from lmserve.training.checkpoint import load_model_for_eval, resolve_checkpoint
 from lmserve.training.config import expand_data_path
-from lmserve.training.corpus import file_fingerprint
+from lmserve.training.corpus import directed, file_fingerprint
 from lmserve.training.evaluate import evaluate
 from lmserve.training.heads.base import per_candidate
 from lmserve.training.model import LSTMLM
@@ -325,7 +325,7 @@ def export_bundle(
     self_normalised = objectives.self_normalised(cfg) and not exact  # decided by head and objective together
     heldout = heldout or expand_data_path(cfg.data.valid)
     subword = checkpoint_subword_model(cfg, ckpt)
-    corpus = open_corpus(heldout, "valid", vocab, cfg.data.lowercase, subword)
+    corpus = directed(open_corpus(heldout, "valid", vocab, cfg.data.lowercase, subword), cfg.data.direction)
     stream_trained = cfg.data.mode == "stream"
     start_id = sentence_start_id(cfg.data.mode, vocab)
     batches = SentenceBatches(corpus, start_id, vocab.eos_id, cfg.train.eval_batch_size, shuffle=False)
@@ -365,6 +365,7 @@ def export_bundle(
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "head": cfg.head.type,
             **({"sentence_start": "</s>"} if stream_trained else {}),
+            **({"direction": "backward"} if cfg.data.direction == "backward" else {}),
             "normalisation": normalisation_label(self_normalised, exact.logz_mean, exact.logz_std),
             "vocab": vocab_fields,
             "text": {"tokenizer": "whitespace", "lowercase": cfg.data.lowercase},

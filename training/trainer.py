@@ -41,7 +41,7 @@ from lmserve.training.checkpoint import (
     save_checkpoint,
 )
 from lmserve.training.config import CAPTURED, Config, expand_data_path, resumed_config
-from lmserve.training.corpus import EncodedCorpus
+from lmserve.training.corpus import EncodedCorpus, directed
 from lmserve.training.curves import MetricsLog, plot_curves
 from lmserve.training.distributed import Distributed, setup, step_seed
 from lmserve.training.evaluate import EvalResult, evaluate, flatten
@@ -176,8 +176,9 @@ def load_data(cfg: Config, vocab: Vocabulary, run_dir: Path) -> Data:
             return None
         spec = expand_data_path(spec)
         if _split_source(spec) is None and is_prepared(text_root) and split in open_dataset(text_root).splits:
-            return open_corpus(str(text_root), split, vocab, d.lowercase)
-        return open_corpus(spec, split, vocab, d.lowercase, run_subword_model(cfg, run_dir))  # subword: text in pieces
+            return directed(open_corpus(str(text_root), split, vocab, d.lowercase), d.direction)
+        # (subword: text in pieces)
+        return directed(open_corpus(spec, split, vocab, d.lowercase, run_subword_model(cfg, run_dir)), d.direction)
 
     return Data(corpus("train"), corpus("valid"), corpus("test"))
 

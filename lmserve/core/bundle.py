@@ -65,6 +65,9 @@ graphs              {"sentences", "step", "step_full"}: file names; "sentences_o
 spelling            optional, for heads whose output vectors come from characters (charcnn, cnnsoftmax):
                     {"chars": the characters by id, "first_char_id", "max_chars", "pad", "bow", "eow"}; with it
                     the scorer can score words outside the vocabulary from their spelling (``Scorer(open_vocab=True)``)
+direction           optional: "backward" for a model that reads each sentence last word first (``data.direction``): its
+                    scorer reverses the words of a sentence before scoring it, and it scores whole sentences only
+                    (``lm-rescore annotate`` puts its scores into lists); absent: "forward"
 sentence_start      optional: "</s>" for a model trained in stream mode (it read the </s> of the sentence before,
                     never <s>): every scorer starts a sentence, and a decoder its first step, with that token;
                     absent: "<s>"
@@ -109,6 +112,7 @@ WEIGHTS_FILE = "weights.bin"  # optional: the graphs' shared external data (the 
 WEIGHT_STORAGES = ("fp32", "fp16", "int8")
 SPELLING_FIELDS = ("chars", "first_char_id", "max_chars", "pad", "bow", "eow")
 NORMALISATIONS = ("exact", "self-normalised", "unnormalised")
+DIRECTIONS = ("forward", "backward")
 REQUIRED = {
     "format": str,
     "format_version": int,
@@ -238,6 +242,10 @@ def validate_manifest(manifest: dict, where: Path | str) -> None:
         raise BundleError(
             f"{where}: field 'normalisation' is {manifest['normalisation']!r}, "
             f"expected one of {', '.join(NORMALISATIONS)}"
+        )
+    if manifest.get("direction", "forward") not in DIRECTIONS:
+        raise BundleError(
+            f"{where}: field 'direction' is {manifest['direction']!r}, expected one of {', '.join(DIRECTIONS)}"
         )
     for section, keys in (("vocab", ("file", "size", "unk", "bos", "eos")), ("model", ("layers", "hidden_size"))):
         for field in keys:

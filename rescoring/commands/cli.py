@@ -1,5 +1,6 @@
 """lm-rescore: score sentences with a model bundle; build, query and mix KenLM n-grams; write the references of a list
-as LM training text; tune weights on dev n-best/k-best lists and rerank lists with them (``tune``, ``nbest``:
+as LM training text; add another neural LM's scores to a list as a feature (``annotate``:
+``rescoring/commands/annotate.py``); tune weights on dev n-best/k-best lists and rerank lists with them (``tune``, ``nbest``:
 ``rescoring/commands/rescore_cli.py``); judge a recipe on held-out data beside its baselines (``evaluate``:
 ``rescoring/commands/evaluate_cli.py``)."""
 
@@ -19,7 +20,7 @@ from lmserve.core.command import add_common_arguments, parse_args, run_command
 from lmserve.core.lines import file_lines, iter_lines, read_lines
 from lmserve.core.outputs import check_outputs
 from lmserve.core.textnorm import PRESETS, TextNormalizer
-from lmserve.rescoring.commands import evaluate_cli, rescore_cli
+from lmserve.rescoring.commands import annotate, evaluate_cli, rescore_cli
 from lmserve.rescoring.lmscores import ngram_view
 from lmserve.rescoring.nbest import FORMATS, read_nbest
 from lmserve.rescoring.ngram import LN10, NgramError, build_ngram, model_files
@@ -301,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         "LibriSpeech LMs; default: none)",
     )
     refs.set_defaults(func=_references)
+    annotate.add_command(sub)
     rescore_cli.add_commands(sub)
     evaluate_cli.add_command(sub)
     return parser

@@ -221,6 +221,7 @@ class DecoderLM:
         from lmserve.rescoring.scorer import Scorer
 
         scorer = Scorer(bundle, threads=threads, normalizer=PRESETS[normalize] if normalize else None)
+        scorer.check_forward("score a decoder's next words")
         lm = InterpolatedLM(scorer, NgramLM(ngram) if ngram else None, lam)
         return cls(LocalBackend(lm), scorer.normalizer)
 
