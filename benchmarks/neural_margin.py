@@ -6,6 +6,7 @@ per set, the same recipe for every set, and the figures of its baselines beside 
     python -m benchmarks.neural_margin --context             # the same with document context (rescoring.context)
     python -m benchmarks.neural_margin --transfer            # leave one HyPoradise set out -> transfer_loo.json
     python -m benchmarks.neural_margin --mt                  # WMT22 zh-en and de-en -> mt_lm_margin.json
+    python -m benchmarks.neural_margin --backward models/english_lm_backward --sets td3 chime4 swbd wsj
 
 Sets and protocols (``lm-rescore evaluate``; the LMs are ``models/english_lm`` and ``var/ngrams/english_lm_4gram.bin``,
 for LibriSpeech its books-domain pair ``models/books_lm`` and ``var/ngrams/books_4gram.bin``):
@@ -33,6 +34,13 @@ often each LM alone gives that hypothesis a higher log-probability than the 1-be
 ``..._ngram_prefers_oracle``) and how often a lower one (``..._prefers_1best``; the rest are ties). The 1-best was
 chosen with ESPnet's fused Transformer LM, so an LM that cannot tell its remaining errors from the fix more often than
 not cannot beat it. A diagnostic read from the LM score cache of the evaluation; nothing is tuned on it.
+
+``--backward BUNDLE``: forward + backward LMs (issue 51, item 6), the HyPoradise sets only. Each list is first
+annotated with the backward LM's sentence scores (``lm-rescore annotate --feature neural_backward``), and the
+recipe gains that feature, bounded at 0 from below like the others; the n-gram-only and no-LM baselines leave it out
+with ``neural`` (``evaluate`` counts ``neural_*`` features as the neural LM's). The result is
+``neural_margin_backward``, whose ``S_wer_neural`` is the forward + backward recipe's, beside ``neural_margin.json``'s
+forward one.
 
 ``--transfer``: weights that travel. Each of the four HyPoradise sets rescored with the weights tuned on the other
 three (``lm-rescore evaluate --transfer`` with the per-list guard nested, ``--guard 5``: the weights are kept only
@@ -86,6 +94,7 @@ HYPORADISE_RECIPE = [
 LIBRISPEECH_RECIPE = ["--features", "decoder,ctc,neural,ngram,oov_ngram,length", "--fixed", "decoder"]
 SEARCH = ["--bounds", "neural=0:,ngram=0:", "--restarts", "6", "--penalty", "0.01"]
 SETS = (*HYPORADISE, "librispeech_amonly", "atis")
+BACKWARD = "neural_backward"  # the backward LM's feature (--backward)
 ATIS_RECIPE = ["--features", "am_score,neural,ngram,oov_lm,length,nonword", "--fixed", "am_score"]
 
 
@@ -120,13 +129,38 @@ def adapted_atis(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path
     return bundle, mixture, atis / "tune.json.gz"
 
 
+def annotated(name: str, args: argparse.Namespace, work: Path) -> Path:
+    """``name``'s list with the backward LM's scores (``--backward``), as ``lm-rescore annotate`` writes it."""
+    out = work / "annotated" / f"{name}.jsonl"
+    out.parent.mkdir(exist_ok=True)
+    out.unlink(missing_ok=True)
+    run([str(Path(sys.executable).parent / "lm-rescore"), "annotate", str(HYPORADISE[name]), "--lm", str(args.backward),
+         "--feature", BACKWARD, "--normalize", "librispeech", "--threads", str(args.threads), "--out", str(out)])  # fmt: skip
+    return out
+
+
+def with_backward(arguments: list[str]) -> list[str]:
+    """A recipe's or a search's arguments with the backward LM's feature after ``neural`` (in ``--features``, and
+    bounded at 0 from below in ``--bounds``)."""
+    out = list(arguments)
+    for flag, old, new in (
+        ("--features", "neural", f"neural,{BACKWARD}"),
+        ("--bounds", "neural=0:", f"neural=0:,{BACKWARD}=0:"),
+    ):
+        if flag in out:
+            at = out.index(flag) + 1
+            out[at] = out[at].replace(old, new, 1)
+    return out
+
+
 def evaluate(name: str, args: argparse.Namespace, out: Path) -> dict:
     """One ``lm-rescore evaluate`` run (its JSON), its LM scores cached in ``var/neural_margin/cache``."""
     lm, ngram = (args.books_lm, args.books_ngram) if name == "librispeech_amonly" else (args.lm, args.ngram)
     if name == "atis":
         lm, ngram, tune_list = adapted_atis(args, out.parent)
+    search = with_backward(SEARCH) if args.backward else SEARCH
     common = ["--metric", "wer", "--lm", str(lm), "--ngram", str(ngram), "--normalize", "librispeech"]
-    common += [*SEARCH, "--threads", str(args.threads), "--no-overlap-check", "--quiet", "--out", str(out)]
+    common += [*search, "--threads", str(args.threads), "--no-overlap-check", "--quiet", "--out", str(out)]
     common += ["--cache-dir", str(out.parent / "cache")]
     if name == "atis":
         command = [f"atis={DATA_DIR / 'hyporadise' / 'test_atis.json.gz'}", "--tune", f"train_b={tune_list}"]
@@ -139,7 +173,10 @@ def evaluate(name: str, args: argparse.Namespace, out: Path) -> dict:
     else:
         context = ["--context", "order"] if args.context else []
         guard = ["--guard", "5"] if name == "wsj" else []
-        command = [f"{name}={HYPORADISE[name]}", "--cv", "5", *HYPORADISE_RECIPE, *guard, *context]
+        listed, recipe = HYPORADISE[name], HYPORADISE_RECIPE
+        if args.backward:
+            listed, recipe = annotated(name, args, out.parent), with_backward(recipe)
+        command = [f"{name}={listed}", "--cv", "5", *recipe, *guard, *context]
     run([sys.executable, "-m", "lmserve.rescoring", "evaluate", *command, *common])
     return json.loads(out.read_text())
 
@@ -251,8 +288,11 @@ def main() -> None:
     parser.add_argument("--mt", action="store_true", help="WMT22 zh-en and de-en (mt_lm_margin.json)")
     parser.add_argument("--mt-lm", type=Path, default=MT_LM, help="the cased MT LM (--mt)")
     parser.add_argument("--mt-ngram", type=Path, default=MT_NGRAM, help="its n-gram (--mt)")
+    parser.add_argument("--backward", type=Path, help="a backward LM bundle: forward + backward (HyPoradise sets)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if args.backward and (args.mt or args.transfer or args.context or not set(args.sets) <= set(HYPORADISE)):
+        parser.error(f"--backward: the HyPoradise sets only ({' '.join(HYPORADISE)}), sentence by sentence")
     if args.mt:
         work = ROOT / "var" / "neural_margin"
         work.mkdir(parents=True, exist_ok=True)
@@ -269,7 +309,7 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         write_result("transfer_loo", transfer(args, work), lm=str(args.lm), ngram=str(args.ngram))
         return
-    name = "neural_margin_context" if args.context else "neural_margin"
+    name = "neural_margin_context" if args.context else "neural_margin_backward" if args.backward else "neural_margin"
     work = ROOT / "var" / name
     work.mkdir(parents=True, exist_ok=True)
     metrics: dict = {}
@@ -279,6 +319,8 @@ def main() -> None:
             listed = DATA_DIR / "librispeech-nbest" / "dev_other.tar.gz"
             metrics |= lm_preferences(s, listed, work / "cache" / "dev_other.lmscores.jsonl")
     models = {"lm": str(args.lm), "ngram": str(args.ngram), "books_lm": str(args.books_lm)}
+    if args.backward:
+        models["backward"] = str(args.backward)
     write_result(name, metrics, **models, books_ngram=str(args.books_ngram), context=args.context)
     if args.context:  # the same sets sentence by sentence: neural_margin.json, measured at this commit
         sentence = json.loads((RESULTS / "neural_margin.json").read_text())
