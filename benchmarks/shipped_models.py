@@ -6,7 +6,8 @@
 Each model folder is a bundle: it loads with its checksums verified (``Bundle.load``), its bytes are counted (the
 target is at most 32 MiB each), and its perplexity is measured on held-out text by ``rescoring.scorer`` (fp16 or int8
 weights as stored): sentence by sentence (``NAME_heldout_ppl``) and, for a model trained as a stream, with the state
-carried through the text in its order (``NAME_heldout_ppl_context``, ``rescoring.context``). english-text's held-out
+carried through the text in its order (``NAME_heldout_ppl_context``, ``rescoring.context``; a backward LM's from the
+text's last sentence to its first). english-text's held-out
 documents are whole talks, dialogues and articles that no training sentence shares (``training.english_text``).
 """
 
@@ -51,8 +52,9 @@ def main() -> None:
         scorer = Scorer(bundle, threads=args.threads)
         metrics[f"{name}_heldout_ppl"] = perplexity(scorer.score(sentences))
         if bundle.manifest.get("sentence_start") == "</s>":
-            h, c = states_before(scorer, [""] * len(sentences), sentences)
-            in_context = score_from_states(scorer, [[s] for s in sentences], h, c)
+            ordered = sentences[::-1] if scorer.backward else sentences  # (a backward LM reads the text from its end)
+            h, c = states_before(scorer, [""] * len(ordered), ordered)
+            in_context = score_from_states(scorer, [[s] for s in ordered], h, c)
             metrics[f"{name}_heldout_ppl_context"] = perplexity([row[0] for row in in_context])
         metrics[f"{name}_heldout_sentences"] = len(sentences)
     sizes = [v for k, v in metrics.items() if k.endswith("_bytes")]
