@@ -66,6 +66,18 @@ def test_a_backward_lm_is_refused_where_words_are_read_in_order(backward_bundle)
         LanguageModels.load(backward_bundle, None)
 
 
+@pytest.mark.slow
+def test_a_model_continued_from_a_backward_one_reads_backwards_unless_its_config_says(backward_bundle, tmp_path):
+    from lmserve.training.adapt import adapted_config, initial_checkpoint
+
+    corpus = write_splits(tmp_path)
+    config = tmp_path / "adapt.toml"
+    config.write_text(tiny_config_text(corpus, "sentence", "full"))
+    start = initial_checkpoint(str(backward_bundle))
+    assert adapted_config(str(config), [], start).data.direction == "backward"
+    assert adapted_config(str(config), ['data.direction="forward"'], start).data.direction == "forward"
+
+
 def write_list(path, texts_per_entry):
     lines = []
     for i, texts in enumerate(texts_per_entry):

@@ -3,8 +3,10 @@
 What the model is comes from the initial checkpoint: its ``[model]``, ``[head]`` and ``[vocab]`` sections and its
 vocabulary file, whose ids the weights are about. The config may leave those sections out or repeat them; a key that
 differs is an error naming it, never a silent choice. ``data.lowercase`` belongs with them (it decides which entry of
-the vocabulary a word of the text is), and ``[objective]`` and ``data.mode`` are the checkpoint's unless the config
-gives them, so that a self-normalised model stays self-normalised and a sentence-mode model is evaluated as one. All
+the vocabulary a word of the text is), and ``[objective]``, ``data.mode`` and ``data.direction`` are the checkpoint's
+unless the config gives them, so that a self-normalised model stays self-normalised, a sentence-mode model is
+evaluated as one and a backward model goes on reading backwards (a config may turn a forward model around: the
+backward twin of ``models/english_lm`` starts from it). All
 the rest (data, optimizer, schedule, epochs, early stopping) is the config's, defaults included.
 
 Words of the new text outside the vocabulary become ``<unk>``; how many there are per split is printed and kept in the
@@ -64,7 +66,8 @@ def initial_checkpoint(path: str | Path) -> Path:
 
 def adapted_config(config_path: str | Path, overrides: list[str], ckpt: Path) -> Config:
     """The config of a run that continues ``ckpt``: the file with ``overrides``, and the checkpoint's model, head,
-    vocabulary and (where the file is silent) objective, data.mode and data.lowercase (module docstring)."""
+    vocabulary and (where the file is silent) objective, data.mode, data.lowercase and data.direction (module
+    docstring)."""
     raw = apply_overrides(read_config_file(config_path), overrides)
     given = config_from_dict(raw, str(config_path))
     initial = read_config(ckpt)
@@ -88,7 +91,7 @@ def adapted_config(config_path: str | Path, overrides: list[str], ckpt: Path) ->
         merged[section] = saved[section]
     if "objective" not in raw:
         merged["objective"] = saved["objective"]
-    for key in ("mode", "lowercase"):
+    for key in ("mode", "lowercase", "direction"):
         if key not in data:
             merged["data"][key] = saved["data"][key]
     return config_from_dict(merged, f"{config_path} with --init-from {ckpt}")
