@@ -411,7 +411,7 @@ def export_warnings(manifest: dict) -> list[str]:
             f"needs |mean| <= {SELFNORM_MAX_ABS_MEAN} and std <= {SELFNORM_MAX_STD}); use them as a log-linear feature, "
             "not for per-word interpolation"
         )
-    if "stream_ppl" in held:
+    if "stream_ppl" in held and manifest.get("direction") != "backward":  # (backward: rescored sentence by sentence)
         out.append(
             f"the model was trained in stream mode: held-out perplexity {held['stream_ppl']:.2f} as a stream, "
             f"{held['ppl']:.2f} sentence by sentence; rescore with the state carried across a document's utterances "
