@@ -6,7 +6,7 @@ per set, the same recipe for every set, and the figures of its baselines beside 
     python -m benchmarks.neural_margin --context             # the same with document context (rescoring.context)
     python -m benchmarks.neural_margin --transfer            # leave one HyPoradise set out -> transfer_loo.json
     python -m benchmarks.neural_margin --mt                  # WMT22 zh-en and de-en -> mt_lm_margin.json
-    python -m benchmarks.neural_margin --backward models/english_lm_backward --sets td3 chime4 swbd wsj
+    python -m benchmarks.neural_margin --backward models/english_lm_backward --sets td3 chime4 swbd wsj atis
 
 Sets and protocols (``lm-rescore evaluate``; the LMs are ``models/english_lm`` and ``var/ngrams/english_lm_4gram.bin``,
 for LibriSpeech its books-domain pair ``models/books_lm`` and ``var/ngrams/books_4gram.bin``):
@@ -35,12 +35,12 @@ often each LM alone gives that hypothesis a higher log-probability than the 1-be
 chosen with ESPnet's fused Transformer LM, so an LM that cannot tell its remaining errors from the fix more often than
 not cannot beat it. A diagnostic read from the LM score cache of the evaluation; nothing is tuned on it.
 
-``--backward BUNDLE``: forward + backward LMs (issue 51, item 6), the HyPoradise sets only. Each list is first
-annotated with the backward LM's sentence scores (``lm-rescore annotate --feature neural_backward``), and the
-recipe gains that feature, bounded at 0 from below like the others; the n-gram-only and no-LM baselines leave it out
-with ``neural`` (``evaluate`` counts ``neural_*`` features as the neural LM's). The result is
-``neural_margin_backward``, whose ``S_wer_neural`` is the forward + backward recipe's, beside ``neural_margin.json``'s
-forward one.
+``--backward BUNDLE``: forward + backward LMs (issue 51, item 6), the HyPoradise sets only (ATIS with the backward
+LM adapted on the same half of train_atis as the forward one). Each list is first annotated with the backward LM's
+sentence scores (``lm-rescore annotate --feature neural_backward``), and the recipe gains that feature, bounded at 0
+from below like the others; the n-gram-only and no-LM baselines leave it out with ``neural`` (``evaluate`` counts
+``neural_*`` features as the neural LM's). The result is ``neural_margin_backward``, whose ``S_wer_neural`` is the
+forward + backward recipe's, beside ``neural_margin.json``'s forward one.
 
 ``--transfer``: weights that travel. Each of the four HyPoradise sets rescored with the weights tuned on the other
 three (``lm-rescore evaluate --transfer`` with the per-list guard nested, ``--guard 5``: the weights are kept only
@@ -103,8 +103,9 @@ def run(command: list[str]) -> None:
     subprocess.run(command, check=True, cwd=ROOT)
 
 
-def adapted_atis(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path]:
-    """The ATIS-adapted bundle and n-gram mixture, from the first half of train_atis, and the second half's lists."""
+def adapted_atis(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path, Path | None]:
+    """The ATIS-adapted bundle and n-gram mixture, from the first half of train_atis, the second half's lists, and
+    with ``--backward`` the backward LM adapted the same way."""
     atis = work / "atis"
     atis.mkdir(exist_ok=True)
     lists = json.loads(gzip.decompress((DATA_DIR / "hyporadise" / "train_atis.json.gz").read_bytes()))
@@ -114,27 +115,33 @@ def adapted_atis(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path
     bin_ = Path(sys.executable).parent
     run([str(bin_ / "lm-rescore"), "references", str(atis / "adapt.json.gz"), "--normalize", "librispeech",
          "--out", str(atis / "adapt.txt")])  # fmt: skip
-    run_dir, bundle = atis / "run", atis / "bundle"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run([str(bin_ / "lm-train"), "fit", "configs/adapt_atis.toml", "--init-from", str(args.lm), "--out", str(run_dir),
-         "--set", f'data.train="{atis / "adapt.txt"}"', "--set", f'data.test="{atis / "adapt.txt"}"',
-         "--set", "train.epochs=6", "--set", "train.early_stop_patience=1", "--set", "train.threads=1"])  # fmt: skip
-    run([str(bin_ / "lm-train"), "export", "--checkpoint", str(run_dir), "--out", str(bundle), "--weights", "fp16"])
+
+    def adapt(lm: Path, name: str) -> tuple[Path, Path]:
+        run_dir, bundle = atis / f"{name}run", atis / f"{name}bundle"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run([str(bin_ / "lm-train"), "fit", "configs/adapt_atis.toml", "--init-from", str(lm), "--out", str(run_dir),
+             "--set", f'data.train="{atis / "adapt.txt"}"', "--set", f'data.test="{atis / "adapt.txt"}"',
+             "--set", "train.epochs=6", "--set", "train.early_stop_patience=1", "--set", "train.threads=1"])  # fmt: skip
+        run([str(bin_ / "lm-train"), "export", "--checkpoint", str(run_dir), "--out", str(bundle), "--weights", "fp16"])
+        return run_dir, bundle
+
+    run_dir, bundle = adapt(args.lm, "")
+    backward = adapt(args.backward, "backward_")[1] if args.backward else None  # (it reads backwards: --init-from)
     carved = run_dir / "carved"
     run([str(bin_ / "lm-rescore"), "ngram", "build", "--order", "4", "--text", str(carved / "train.txt"),
          "--like", str(args.lm), "--discount-fallback", "--out", str(atis / "atis_4gram")])  # fmt: skip
     mixture = atis / "mix.json"
     run([str(bin_ / "lm-rescore"), "ngram", "mix", "--ngram", f"{args.ngram},{atis / 'atis_4gram.bin'}",
          "--heldout", str(carved / "valid.txt"), "--like", str(args.lm), "--out", str(mixture)])  # fmt: skip
-    return bundle, mixture, atis / "tune.json.gz"
+    return bundle, mixture, atis / "tune.json.gz", backward
 
 
-def annotated(name: str, args: argparse.Namespace, work: Path) -> Path:
-    """``name``'s list with the backward LM's scores (``--backward``), as ``lm-rescore annotate`` writes it."""
+def annotated(name: str, listed: Path, backward: Path, args: argparse.Namespace, work: Path) -> Path:
+    """``listed`` with the backward LM's scores (``--backward``), as ``lm-rescore annotate`` writes it."""
     out = work / "annotated" / f"{name}.jsonl"
     out.parent.mkdir(exist_ok=True)
     out.unlink(missing_ok=True)
-    run([str(Path(sys.executable).parent / "lm-rescore"), "annotate", str(HYPORADISE[name]), "--lm", str(args.backward),
+    run([str(Path(sys.executable).parent / "lm-rescore"), "annotate", str(listed), "--lm", str(backward),
          "--feature", BACKWARD, "--normalize", "librispeech", "--threads", str(args.threads), "--out", str(out)])  # fmt: skip
     return out
 
@@ -157,14 +164,17 @@ def evaluate(name: str, args: argparse.Namespace, out: Path) -> dict:
     """One ``lm-rescore evaluate`` run (its JSON), its LM scores cached in ``var/neural_margin/cache``."""
     lm, ngram = (args.books_lm, args.books_ngram) if name == "librispeech_amonly" else (args.lm, args.ngram)
     if name == "atis":
-        lm, ngram, tune_list = adapted_atis(args, out.parent)
+        lm, ngram, tune_list, backward = adapted_atis(args, out.parent)
     search = with_backward(SEARCH) if args.backward else SEARCH
     common = ["--metric", "wer", "--lm", str(lm), "--ngram", str(ngram), "--normalize", "librispeech"]
     common += [*search, "--threads", str(args.threads), "--no-overlap-check", "--quiet", "--out", str(out)]
     common += ["--cache-dir", str(out.parent / "cache")]
     if name == "atis":
-        command = [f"atis={DATA_DIR / 'hyporadise' / 'test_atis.json.gz'}", "--tune", f"train_b={tune_list}"]
-        command += ATIS_RECIPE
+        test_list, recipe = DATA_DIR / "hyporadise" / "test_atis.json.gz", ATIS_RECIPE
+        if backward is not None:
+            test_list, recipe = annotated("atis", test_list, backward, args, out.parent), with_backward(recipe)
+            tune_list = annotated("train_b", tune_list, backward, args, out.parent)
+        command = [f"atis={test_list}", "--tune", f"train_b={tune_list}", *recipe]
     elif name == "librispeech_amonly":
         lists = DATA_DIR / "librispeech-nbest"
         context = ["--context", "id"] if args.context else []
@@ -175,7 +185,7 @@ def evaluate(name: str, args: argparse.Namespace, out: Path) -> dict:
         guard = ["--guard", "5"] if name == "wsj" else []
         listed, recipe = HYPORADISE[name], HYPORADISE_RECIPE
         if args.backward:
-            listed, recipe = annotated(name, args, out.parent), with_backward(recipe)
+            listed, recipe = annotated(name, listed, args.backward, args, out.parent), with_backward(recipe)
         command = [f"{name}={listed}", "--cv", "5", *recipe, *guard, *context]
     run([sys.executable, "-m", "lmserve.rescoring", "evaluate", *command, *common])
     return json.loads(out.read_text())
@@ -291,8 +301,9 @@ def main() -> None:
     parser.add_argument("--backward", type=Path, help="a backward LM bundle: forward + backward (HyPoradise sets)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if args.backward and (args.mt or args.transfer or args.context or not set(args.sets) <= set(HYPORADISE)):
-        parser.error(f"--backward: the HyPoradise sets only ({' '.join(HYPORADISE)}), sentence by sentence")
+    backward_sets = {*HYPORADISE, "atis"}
+    if args.backward and (args.mt or args.transfer or args.context or not set(args.sets) <= backward_sets):
+        parser.error(f"--backward: the HyPoradise sets only ({' '.join(sorted(backward_sets))}), sentence by sentence")
     if args.mt:
         work = ROOT / "var" / "neural_margin"
         work.mkdir(parents=True, exist_ok=True)
