@@ -7,6 +7,7 @@ per set, the same recipe for every set, and the figures of its baselines beside 
     python -m benchmarks.neural_margin --transfer            # leave one HyPoradise set out -> transfer_loo.json
     python -m benchmarks.neural_margin --mt                  # WMT22 zh-en and de-en -> mt_lm_margin.json
     python -m benchmarks.neural_margin --backward models/english_lm_backward --sets td3 chime4 swbd wsj atis
+    python -m benchmarks.neural_margin --backward models/english_lm_backward --context --sets td3 chime4 swbd wsj
 
 Sets and protocols (``lm-rescore evaluate``; the LMs are ``models/english_lm`` and ``var/ngrams/english_lm_4gram.bin``,
 for LibriSpeech its books-domain pair ``models/books_lm`` and ``var/ngrams/books_4gram.bin``):
@@ -40,7 +41,9 @@ LM adapted on the same half of train_atis as the forward one). Each list is firs
 sentence scores (``lm-rescore annotate --feature neural_backward``), and the recipe gains that feature, bounded at 0
 from below like the others; the n-gram-only and no-LM baselines leave it out with ``neural`` (``evaluate`` counts
 ``neural_*`` features as the neural LM's). The result is ``neural_margin_backward``, whose ``S_wer_neural`` is the
-forward + backward recipe's, beside ``neural_margin.json``'s forward one.
+forward + backward recipe's, beside ``neural_margin.json``'s forward one. With ``--context`` too, the forward LM
+reads each document's earlier utterances first and the backward LM scores sentence by sentence (it would need the
+utterances after, which a decoder has not chosen yet): ``neural_margin_context_backward``.
 
 ``--transfer``: weights that travel. Each of the four HyPoradise sets rescored with the weights tuned on the other
 three (``lm-rescore evaluate --transfer`` with the per-list guard nested, ``--guard 5``: the weights are kept only
@@ -302,8 +305,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     backward_sets = {*HYPORADISE, "atis"}
-    if args.backward and (args.mt or args.transfer or args.context or not set(args.sets) <= backward_sets):
-        parser.error(f"--backward: the HyPoradise sets only ({' '.join(sorted(backward_sets))}), sentence by sentence")
+    if args.backward and (args.mt or args.transfer or not set(args.sets) <= backward_sets):
+        parser.error(f"--backward: the HyPoradise sets only ({' '.join(sorted(backward_sets))})")
     if args.mt:
         work = ROOT / "var" / "neural_margin"
         work.mkdir(parents=True, exist_ok=True)
@@ -320,7 +323,7 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         write_result("transfer_loo", transfer(args, work), lm=str(args.lm), ngram=str(args.ngram))
         return
-    name = "neural_margin_context" if args.context else "neural_margin_backward" if args.backward else "neural_margin"
+    name = "neural_margin" + ("_context" if args.context else "") + ("_backward" if args.backward else "")
     work = ROOT / "var" / name
     work.mkdir(parents=True, exist_ok=True)
     metrics: dict = {}
@@ -333,7 +336,7 @@ def main() -> None:
     if args.backward:
         models["backward"] = str(args.backward)
     write_result(name, metrics, **models, books_ngram=str(args.books_ngram), context=args.context)
-    if args.context:  # the same sets sentence by sentence: neural_margin.json, measured at this commit
+    if args.context and not args.backward:  # the same sets sentence by sentence: neural_margin.json, at this commit
         sentence = json.loads((RESULTS / "neural_margin.json").read_text())
         compared = {
             f"{s}_wer_{mode}": source.get(f"{s}_wer_neural")
