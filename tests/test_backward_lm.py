@@ -105,7 +105,9 @@ def test_annotate_adds_the_lms_sentence_scores_as_a_feature_and_keeps_the_rest(b
     assert "already carries feature 'neural_backward'" in capsys.readouterr().err
     assert rescore_main([*argv[:4], "--feature", "backward", "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "expected a name that starts with 'neural_'" in capsys.readouterr().err
-    assert not (tmp_path / "twice.jsonl").exists() and not (tmp_path / "x.jsonl").exists()
+    assert rescore_main([*argv, "--out", str(tmp_path / "x.json")]) == 2
+    assert "give a path that ends in .jsonl" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in ("twice.jsonl", "x.jsonl", "x.json"))
 
 
 def test_a_neural_feature_the_list_carries_counts_as_the_neural_lms_in_the_baselines():

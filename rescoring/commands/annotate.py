@@ -35,6 +35,8 @@ def annotate(args) -> int:
             f"--feature {args.feature!r}: expected a name that starts with {ANNOTATED!r}, e.g. neural_backward "
             "(evaluate counts such features as the neural LM's)"
         )
+    if not str(args.out).endswith(".jsonl"):
+        raise ValueError(f"--out {args.out}: the annotated list is JSON Lines; give a path that ends in .jsonl")
     check_outputs({"--out": args.out}, {"LIST": args.list, "--lm": args.lm})
     nbest = read_nbest(args.list, args.format)
     for entry in nbest:
