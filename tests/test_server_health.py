@@ -126,10 +126,14 @@ def test_four_times_the_limit_of_streams_get_exactly_the_limit_and_health_answer
 
     streams, errors, statuses = asyncio.run(scenario())
     assert len(streams) == LIMIT and len(errors) == 3 * LIMIT
-    # a refusal that overtakes the client's own write of its request can reach it as the stream's reset
-    # (INTERNAL, RST_STREAM) instead of the status: the server's count below says each was refused all the same
+    # a refusal that overtakes the client's own write of its request can reach it as the stream's reset instead of
+    # the status (INTERNAL: "RST_STREAM"; once in a clean-clone CI run, 12-08, gRPC core's "Internal error from Core"
+    # for one of the twelve): the server's count below says each was refused all the same
+    resets = ("RST_STREAM", "Internal error from Core")
     reset = [
-        (code, details) for code, details in errors if code == grpc.StatusCode.INTERNAL and "RST_STREAM" in details
+        (code, details)
+        for code, details in errors
+        if code == grpc.StatusCode.INTERNAL and any(what in details for what in resets)
     ]
     refused = [(code, details) for code, details in errors if (code, details) not in reset]
     assert {code for code, _ in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}, errors
