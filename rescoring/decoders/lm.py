@@ -365,14 +365,7 @@ class DecoderLM:
         """:meth:`score_many` of one pair (flashlight asks one at a time). With a local backend that keeps whole
         distributions, a state stepped for it takes the states made last along (``STEP_AHEAD``): a caller that asks
         one pair at a time cannot batch them itself."""
-        child = state.children.get((word, end))
-        if child is None:
-            backend = self.backend
-            tokens = self.tokens_of(word)
-            if type(backend) is LocalBackend and backend.full and len(tokens) == 1 and not end:
-                child = self._look_up_words(backend, [(state, word, end)], [tokens], True, ahead=True)[0]
-            else:
-                child = self._score([(state, word, end)], True)[0]
+        child = state.children.get((word, end)) or self._score([(state, word, end)], True, ahead=True)[0]
         return child.word_logprob, child
 
     def score_many(self, pairs: Sequence[tuple[LMState, str, bool]], keep: bool = True) -> list[tuple[float, LMState]]:
@@ -395,12 +388,12 @@ class DecoderLM:
                     out[i] = (child.word_logprob, child)
         return out
 
-    def _score(self, pairs: list[tuple[LMState, str, bool]], keep: bool) -> list[LMState]:
-        """The child state of each (state, word, end), all pairs new."""
+    def _score(self, pairs: list[tuple[LMState, str, bool]], keep: bool, ahead: bool = False) -> list[LMState]:
+        """The child state of each (state, word, end), all pairs new; ``ahead``: ``LocalBackend.step_fresh``'s."""
         # each pair walks its tokens (and </s>) one round at a time; a round is one backend call for all pairs
         tokens = [self.tokens_of(word) for _, word, _ in pairs]
         if all(len(t) == 1 and not end for t, (_, _, end) in zip(tokens, pairs, strict=True)):
-            return self._score_words(pairs, tokens, keep)
+            return self._score_words(pairs, tokens, keep, ahead)
         paths = [[*t, *((EOS,) if end else ())] for t, (_, _, end) in zip(tokens, pairs, strict=True)]
         at = [state for state, _, _ in pairs]  # where each pair's walk is
         sums = [[0.0, 0.0, 0, False] for _ in pairs]  # neural, logprob, <unk> tokens, a word token was <unk>
@@ -448,12 +441,14 @@ class DecoderLM:
             self.pairs += len(pairs)
         return done
 
-    def _score_words(self, pairs: list[tuple[LMState, str, bool]], tokens: list, keep: bool) -> list[LMState]:
+    def _score_words(
+        self, pairs: list[tuple[LMState, str, bool]], tokens: list, keep: bool, ahead: bool = False
+    ) -> list[LMState]:
         """:meth:`_score` of the usual beam step, words of one token each and no </s>: one round, the same states
         and sums (0 + x is x), without the bookkeeping of several rounds."""
         backend = self.backend
         if type(backend) is LocalBackend and backend.full:
-            return self._look_up_words(backend, pairs, tokens, keep)
+            return self._look_up_words(backend, pairs, tokens, keep, ahead)
         groups: dict[int, tuple[LMState, dict[str, int]]] = {}  # id(state) -> (state, {token: its place})
         for (state, _, _), (token,) in zip(pairs, tokens, strict=True):
             group = groups.get(id(state))
