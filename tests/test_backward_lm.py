@@ -110,6 +110,15 @@ def test_annotate_adds_the_lms_sentence_scores_as_a_feature_and_keeps_the_rest(b
     assert not any((tmp_path / name).exists() for name in ("twice.jsonl", "x.jsonl", "x.json"))
 
 
+def test_a_backward_subword_model_is_refused_before_training(tiny_corpus):
+    from lmserve.core.tomlconfig import ConfigError
+    from lmserve.training.config import config_from_dict
+
+    raw = {"data": {"train": str(tiny_corpus["train"]), "direction": "backward"}, "vocab": {"type": "subword"}}
+    with pytest.raises(ConfigError, match="data.direction = backward is for word vocabularies"):
+        config_from_dict(raw, "x.toml")
+
+
 def test_a_neural_feature_the_list_carries_counts_as_the_neural_lms_in_the_baselines():
     assert feature_groups("neural_backward", {}, has_lm=True) == {"neural"}
     recipe = Recipe(features=("score", "neural", "neural_backward", "ngram", "length"), fixed="score")

@@ -320,6 +320,11 @@ def _check_head_and_objective(config: Config, source: str) -> None:
             f"{source}: schedule.type = linear decays from schedule.start_tokens ({schedule.start_tokens:,}) to "
             f"train.max_tokens ({budget:,}): it needs train.max_tokens > schedule.start_tokens >= 0"
         )
+    if config.data.direction == "backward" and config.vocab.type == "subword":
+        raise ConfigError(
+            f"{source}: data.direction = backward is for word vocabularies: a subword text read backwards reverses "
+            "the pieces inside each word, which the scorer spells forwards"
+        )
     head, objective = config.head, config.objective
     if objective.type in SAMPLED_OBJECTIVES and head.type not in LINEAR_HEADS:
         raise ConfigError(
